@@ -1,0 +1,161 @@
+"""LLM architecture configuration, parsed from a Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from servesim.errors import ServesimError
+
+#: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The figures of a decoder-only transformer that decide its memory and its kernels.
+
+    MoE fields are zero for dense models. ``moe_layer_indices`` lists the layers whose MLP is the sparse MoE block
+    (all of them for Mixtral and Qwen3-MoE as released).
+    """
+
+    name: str
+    source: str  # preset name, local path or hub id the config came from
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on the Q, K and V projections (Qwen2)
+    qk_norm: bool  # per-head RMSNorm of Q and K (Qwen3)
+    rope_theta: float
+    rms_norm_eps: float
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layer_indices: tuple[int, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layer_indices
+
+    # Parameter counts (whole model, no parallelism).
+    def attention_params_per_layer(self) -> int:
+        params = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        if self.attention_bias:
+            params += self.q_size + 2 * self.kv_size
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        return params
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def moe_mlp_params(self) -> int:
+        experts = self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+        return experts + self.hidden_size * self.num_experts  # router
+
+    def layer_params(self, layer: int) -> int:
+        mlp = self.moe_mlp_params() if self.is_moe_layer(layer) else self.dense_mlp_params()
+        return self.attention_params_per_layer() + mlp + 2 * self.hidden_size  # two RMSNorms
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        layers = sum(self.layer_params(i) for i in range(self.num_layers))
+        return layers + self.embedding_params() + self.lm_head_params() + self.hidden_size  # final norm
+
+    def active_params(self) -> int:
+        """Parameters touched per token: MoE layers count only the routed experts."""
+        total = self.total_params()
+        inactive_experts = self.num_experts - self.num_experts_per_tok
+        per_expert = 3 * self.hidden_size * self.moe_intermediate_size
+        return total - len(self.moe_layer_indices) * inactive_experts * per_expert
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
+        """KV-cache bytes one token occupies across the whole model (K and V, every layer)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+
+
+def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
+
+
+def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> ModelConfig:
+    """Build a :class:`ModelConfig` from the keys of a Hugging Face ``config.json``."""
+    model_type = cfg.get("model_type", "")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ServesimError(
+            f"model {name!r} has model_type {model_type!r}; servesim supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        layers = int(cfg["num_hidden_layers"])
+        vocab = int(cfg["vocab_size"])
+        intermediate = int(cfg["intermediate_size"])
+    except KeyError as exc:
+        raise ServesimError(f"model config {source!r} lacks the key {exc.args[0]!r}") from None
+    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+
+    num_experts = int(_first(cfg, "num_experts", "num_local_experts", default=0))
+    moe_layers: tuple[int, ...] = ()
+    moe_intermediate = 0
+    if num_experts:
+        if model_type == "mixtral":
+            moe_intermediate = intermediate
+            moe_layers = tuple(range(layers))
+        else:
+            moe_intermediate = int(cfg["moe_intermediate_size"])
+            step = int(cfg.get("decoder_sparse_step", 1) or 1)
+            dense_only = set(cfg.get("mlp_only_layers") or [])
+            moe_layers = tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+
+    return ModelConfig(
+        name=name,
+        source=source,
+        model_type=model_type,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        num_experts=num_experts,
+        num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0)) if num_experts else 0,
+        moe_intermediate_size=moe_intermediate,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type == "mixtral")) if num_experts else False,
+        moe_layer_indices=moe_layers,
+    )

@@ -1,0 +1,79 @@
+"""Finding a model: a built-in preset, a local ``config.json``, or a Hugging Face hub id."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+from servesim.errors import ServesimError, suggest
+from servesim.models.config import ModelConfig, config_from_hf_dict
+
+
+@functools.cache
+def _preset_files() -> dict[str, str]:
+    folder = resources.files("servesim.models").joinpath("presets")
+    return {
+        entry.name.removesuffix(".json"): entry.read_text(encoding="utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".json")
+    }
+
+
+def preset_names() -> list[str]:
+    return sorted(_preset_files())
+
+
+def preset_record(name: str) -> dict:
+    """The preset's JSON: ``{"hf_id": ..., "config": {<config.json keys>}}``."""
+    return json.loads(_preset_files()[name])
+
+
+@functools.cache
+def load_preset(name: str) -> ModelConfig:
+    record = preset_record(name)
+    return config_from_hf_dict(record["config"], name=name, source=record["hf_id"])
+
+
+def _load_with_autoconfig(ref: str) -> ModelConfig:
+    """Load a local directory / config.json or a hub id through ``transformers.AutoConfig``."""
+    path = Path(ref)
+    if path.is_file() and path.name.endswith(".json"):
+        try:
+            return config_from_hf_dict(json.loads(path.read_text(encoding="utf-8")), name=path.parent.name or ref, source=ref)
+        except json.JSONDecodeError as exc:
+            raise ServesimError(f"{ref} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers import AutoConfig
+    except ImportError:  # pragma: no cover - transformers is a runtime dependency
+        raise ServesimError("loading a config by hub id needs transformers: pip install transformers") from None
+    try:
+        hf_config = AutoConfig.from_pretrained(ref)
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        where = "directory" if path.is_dir() else "hub id"
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ServesimError(
+            f"cannot load model config from {where} {ref!r} ({reason}); without network access use a preset "
+            f"('servesim models') or a local path to a config.json"
+        ) from None
+    cfg = hf_config.to_dict()
+    text_config = cfg.get("text_config")
+    if isinstance(text_config, dict) and "hidden_size" not in cfg:
+        cfg = {**text_config, "model_type": text_config.get("model_type", cfg.get("model_type"))}
+    return config_from_hf_dict(cfg, name=path.name if path.is_dir() else ref, source=ref)
+
+
+def get_model(ref: str) -> ModelConfig:
+    """Resolve ``ref``: a preset name (case-insensitive), else a local path, else a hub id ('org/name')."""
+    key = ref.strip().lower()
+    if key in _preset_files():
+        return load_preset(key)
+    if Path(ref).exists() or "/" in ref:
+        return _load_with_autoconfig(ref)
+    raise ServesimError(
+        f"unknown model {ref!r}.{suggest(ref, preset_names())} Run 'servesim models' for the presets, "
+        f"or pass a path to a config.json or a Hugging Face hub id (org/name)."
+    )

@@ -1,0 +1,158 @@
+"""Where a GPU's memory goes when an engine serves a model (Centimani-style accounting).
+
+Weights are split by TP within a stage and by PP across stages; the KV cache takes what the engine's memory
+fraction leaves after weights and the reserves the engine sets aside at start-up (peak activations of its
+profiling forward pass, CUDA graphs, CUDA context / NCCL / cuBLAS workspaces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servesim.errors import ServesimError
+from servesim.models.config import ModelConfig
+from servesim.models.parallel import (
+    Parallelism,
+    kv_heads_per_gpu,
+    padded_vocab_per_gpu,
+    stage_layer_counts,
+    stage_layers,
+    validate_parallelism,
+)
+
+#: Bytes per element of the weight and KV dtypes servesim plans for.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+GIB = 2**30
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ServesimError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def layer_weight_params_per_gpu(model: ModelConfig, tp: int, layer: int) -> tuple[float, float]:
+    """(params of linear layers, other params) of one layer on one GPU.
+
+    Linear weights are the ones a W8A8 checkpoint stores in FP8; norms, biases and the MoE router stay 16-bit.
+    """
+    hidden, head_dim = model.hidden_size, model.head_dim
+    q_per_gpu = model.q_size / tp
+    kv_per_gpu = kv_heads_per_gpu(model, tp) * head_dim
+    linear = hidden * (q_per_gpu + 2 * kv_per_gpu) + q_per_gpu * hidden
+    other = 2 * hidden + (2 * head_dim if model.qk_norm else 0)
+    if model.attention_bias:
+        other += q_per_gpu + 2 * kv_per_gpu
+    if model.is_moe_layer(layer):
+        linear += model.num_experts * 3 * hidden * model.moe_intermediate_size / tp
+        other += hidden * model.num_experts
+    else:
+        linear += 3 * hidden * model.intermediate_size / tp
+    return linear, other
+
+
+def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weight_dtype: str = "bf16") -> float:
+    """Weight bytes one GPU of ``stage`` holds: its layers, plus the embedding (first stage) and the final norm and
+    LM head (last stage). Embedding and LM head are vocab-parallel over TP and stay 16-bit under FP8."""
+    linear_bytes = dtype_bytes(weight_dtype)
+    total = 0.0
+    for layer in stage_layers(model.num_layers, par.pp, stage):
+        linear, other = layer_weight_params_per_gpu(model, par.tp, layer)
+        total += linear * linear_bytes + other * 2
+    vocab_rows = padded_vocab_per_gpu(model, par.tp)
+    if stage == 0:
+        total += vocab_rows * model.hidden_size * 2
+    if stage == par.pp - 1:
+        total += model.hidden_size * 2
+        if not model.tie_word_embeddings or par.pp > 1:
+            total += vocab_rows * model.hidden_size * 2
+    return total
+
+
+def kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int, kv_dtype: str = "bf16") -> float:
+    """KV-cache bytes one token takes on one GPU of ``stage`` (K and V of that stage's layers)."""
+    layers = stage_layer_counts(model.num_layers, par.pp)[stage]
+    return 2 * layers * kv_heads_per_gpu(model, par.tp) * model.head_dim * dtype_bytes(kv_dtype)
+
+
+@dataclass(frozen=True)
+class MemoryReserve:
+    """What an engine keeps back from the KV cache on each GPU, in bytes."""
+
+    activation_bytes: float
+    cuda_graph_bytes: float
+    runtime_bytes: float  # CUDA context, NCCL and cuBLAS workspaces, custom all-reduce buffers
+
+    @property
+    def total_bytes(self) -> float:
+        return self.activation_bytes + self.cuda_graph_bytes + self.runtime_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU memory of the most loaded pipeline stage, and the KV capacity it leaves."""
+
+    gpu_memory_bytes: float
+    memory_fraction: float
+    weight_bytes: float
+    reserve: MemoryReserve
+    kv_bytes_per_token: float  # per GPU
+    kv_cache_bytes: float  # per GPU; negative when the model does not fit
+    block_size: int
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_cache_bytes >= self.kv_bytes_per_token * self.block_size
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the KV cache holds, in whole blocks."""
+        if not self.fits:
+            return 0
+        blocks = int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size))
+        return blocks * self.block_size
+
+    def max_sequences(self, context_tokens: int) -> int:
+        """Sequences of ``context_tokens`` whose KV fits at once (each takes whole blocks)."""
+        blocks_per_seq = -(-context_tokens // self.block_size)
+        return self.kv_tokens // (blocks_per_seq * self.block_size)
+
+    @property
+    def needed_bytes(self) -> float:
+        """Memory the engine needs on this GPU for weights, reserves and one KV block."""
+        return self.weight_bytes + self.reserve.total_bytes + self.kv_bytes_per_token * self.block_size
+
+
+def plan_memory(
+    model: ModelConfig,
+    par: Parallelism,
+    gpu_memory_bytes: float,
+    memory_fraction: float,
+    reserve: MemoryReserve,
+    block_size: int,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+) -> MemoryPlan:
+    """KV capacity per GPU on the stage with the least room (stages differ by the embedding and LM head)."""
+    validate_parallelism(model, par)
+    if not 0 < memory_fraction <= 1:
+        raise ServesimError(f"memory fraction {memory_fraction} must be in (0, 1]")
+    budget = gpu_memory_bytes * memory_fraction - reserve.total_bytes
+    plans = []
+    for stage in range(par.pp):
+        weights = weight_bytes_per_gpu(model, par, stage, weight_dtype)
+        per_token = kv_bytes_per_token_per_gpu(model, par, stage, kv_dtype)
+        plans.append(
+            MemoryPlan(
+                gpu_memory_bytes=gpu_memory_bytes,
+                memory_fraction=memory_fraction,
+                weight_bytes=weights,
+                reserve=reserve,
+                kv_bytes_per_token=per_token,
+                kv_cache_bytes=budget - weights,
+                block_size=block_size,
+            )
+        )
+    return min(plans, key=lambda p: p.kv_cache_bytes / p.kv_bytes_per_token)

@@ -1,0 +1,1 @@
+"""Serving: engine settings and the discrete-event serving simulator."""

@@ -1,0 +1,89 @@
+"""``servesim kernel <collective>`` (one question about one collective) and ``servesim eval comm``.
+
+``kernel_group`` and ``eval_group`` are click groups that other modules may add subcommands to.
+"""
+
+from __future__ import annotations
+
+import click
+
+from servesim.cli.output import Column, emit, output_format_options
+
+_IMPLEMENTATIONS = ("auto", "nccl", "custom_graph", "custom_eager")
+
+
+@click.group("kernel")
+def kernel_group() -> None:
+    """Predict the time of a single kernel or collective on a GPU."""
+
+
+@click.group("eval")
+def eval_group() -> None:
+    """Measure the prediction error of servesim's models against measured data."""
+
+
+def _collective_command(name: str, op: str, summary: str) -> click.Command:
+    @kernel_group.command(name, help=f"{summary} Prints its predicted latency and bus bandwidth.")
+    @click.option("--gpu", required=True, help="GPU name from 'servesim gpus', e.g. H100 or H20.")
+    @click.option("--gpus", "group_size", type=click.IntRange(min=2), default=2, show_default=True,
+                  help="GPUs taking part.")
+    @click.option("--bytes", "size_text", required=True, help="Message size, e.g. 4096, 64KiB, 16MiB, 1.5GB.")
+    @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True)
+    @click.option("--implementation", type=click.Choice(_IMPLEMENTATIONS), default="auto", show_default=True,
+                  help="auto: what the engine would run.")
+    @click.option("--eager", is_flag=True, help="Outside a CUDA graph (prefill steps too large to capture).")
+    @output_format_options
+    def command(gpu: str, group_size: int, size_text: str, engine: str, implementation: str, eager: bool,
+                output_format: str) -> None:
+        from servesim.comm import allreduce_implementation, collective_time_us
+        from servesim.comm.sizes import parse_bytes
+        from servesim.hardware import get_gpu
+
+        spec = get_gpu(gpu)
+        message_bytes = parse_bytes(size_text)
+        if implementation == "auto":
+            implementation = (allreduce_implementation(engine, spec, group_size, message_bytes, cuda_graph=not eager)
+                              if op == "all_reduce" else "nccl")
+        latency_us = collective_time_us(op, message_bytes, group_size, spec, implementation, engine)
+        row = {
+            "gpu": spec.name, "gpus": group_size, "collective": op, "message_bytes": int(message_bytes),
+            "implementation": implementation, "engine": engine if implementation != "nccl" else "-",
+            "latency_ms": latency_us / 1e3, "algbw_gbps": message_bytes / latency_us / 1e3,
+        }
+        columns = [Column("gpu", "GPU", align="<"), Column("gpus", "GPUs"), Column("collective", "collective", align="<"),
+                   Column("message_bytes", "bytes", ",d"), Column("implementation", "implementation", align="<"),
+                   Column("engine", "engine", align="<"), Column("latency_ms", "latency (ms)", ".4f"),
+                   Column("algbw_gbps", "algbw (GB/s)", ",.1f")]
+        emit([row], columns, output_format)
+
+    return command
+
+
+_collective_command("allreduce", "all_reduce", "Time one all-reduce.")
+_collective_command("allgather", "all_gather", "Time one all-gather (size: the gathered output).")
+_collective_command("reducescatter", "reduce_scatter", "Time one reduce-scatter (size: the input).")
+_collective_command("alltoall", "all_to_all", "Time one all-to-all.")
+_collective_command("sendrecv", "send_recv", "Time one point-to-point send/recv (pipeline parallelism).")
+
+
+@eval_group.command("comm")
+@click.option("--no-unseen", is_flag=True, help="Skip leave-one-system-out (one fit per system, ~20 s).")
+@click.option("--summary", is_flag=True, help="Only one row per system.")
+@output_format_options
+def eval_comm(no_unseen: bool, summary: bool, output_format: str) -> None:
+    """MAPE of the communication model per system and collective: seen (random 20% held out) and unseen
+    (leave one system out)."""
+    from servesim.comm.evaluate import evaluate
+
+    rows = evaluate(unseen=not no_unseen)
+    if summary:
+        rows = [r for r in rows if r["collective"] == "all"]
+    columns = [Column("system", "system", align="<"), Column("collective", "collective", align="<"),
+               Column("rows", "rows"), Column("seen_mape_pct", "seen MAPE %", ".1f"),
+               Column("unseen_mape_pct", "unseen MAPE %", ".1f")]
+    emit(rows, columns, output_format, title="Communication model accuracy (mean absolute percentage error)",
+         notes=["seen: forest fitted on a seeded random 80% of rows, scored on the other 20%;",
+                "unseen: the system's rows left out of training (leave-one-system-out)."])
+
+
+COMMANDS = [kernel_group, eval_group]

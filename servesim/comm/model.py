@@ -1,0 +1,165 @@
+"""Collective latency: alpha-beta physics times a random-forest correction learned from measurements.
+
+The forest predicts ``log(measured / analytical)`` from the message size, the group, the links (bandwidth, NVLink,
+full connectivity, PCIe, network, architecture) and the analytical terms themselves, so a GPU never measured is
+predicted from its interconnect figures. For one configuration the prediction is a curve over a fixed grid of
+message sizes, made non-decreasing and interpolated in log-log space: latency never falls as messages grow.
+
+The forest is fitted on first use from the shipped measurement table and cached as plain arrays under the user
+cache directory, keyed by the table's digest and :data:`MODEL_VERSION`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servesim.comm.analytical import ALGORITHMS, IMPLEMENTATIONS, LAUNCH_US, OPS, alpha_beta_us
+from servesim.comm.forest import PortableForest, fit_forest
+from servesim.comm.measurements import ENGINE_CODES, MeasurementTable, load_table
+from servesim.comm.systems import HARNESSES, MEASURED_SYSTEMS
+from servesim.comm.topology import GroupTopology, group_topology
+
+#: Bump when features, targets or forest settings change: it invalidates cached forests.
+MODEL_VERSION = "comm-1"
+#: Message-size grid of the prediction curves: 2^6 B to 2^32 B in quarter octaves.
+GRID_LOG2_BYTES = np.arange(6.0, 32.0 + 1e-9, 0.25)
+
+
+def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.ndarray, topo: GroupTopology,
+                   harness: str = HARNESSES[0]) -> tuple[np.ndarray, np.ndarray]:
+    """(features rows x 17, analytical time µs) of one configuration over many message sizes."""
+    size = np.asarray(message_bytes, dtype=float)
+    latency, bandwidth, algorithm = alpha_beta_us(op, implementation, size, topo)
+    analytical = LAUNCH_US[implementation] + latency + bandwidth
+    constant = np.ones_like(size)
+    columns = [
+        OPS.index(op) * constant,
+        IMPLEMENTATIONS.index(implementation) * constant,
+        ENGINE_CODES.index(engine if implementation != "nccl" else "") * constant,
+        np.log2(size),
+        topo.group_size * constant,
+        topo.nodes * constant,
+        np.log2(topo.link_bandwidth_gbps) * constant,
+        np.log2(topo.pcie_bandwidth_gbps) * constant,
+        float(topo.nvlink) * constant,
+        float(topo.fully_connected) * constant,
+        topo.architecture_ordinal * constant,
+        np.log2(1.0 + topo.inter_node_bandwidth_gbps) * constant,
+        np.log2(analytical),
+        np.log2(latency),
+        np.log2(bandwidth),
+        algorithm.astype(float),
+        HARNESSES.index(harness) * constant,
+    ]
+    return np.column_stack(columns), analytical
+
+
+def _configurations(table: MeasurementTable):
+    """Yield (row indices, op, implementation, engine, topology, harness) per measured configuration."""
+    keys = np.column_stack([table.system, table.op, table.implementation, table.engine, table.group_size, table.nodes])
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    for index, (system, op, impl, engine, group_size, nodes) in enumerate(unique):
+        measured = MEASURED_SYSTEMS[table.systems[system]]
+        topo = group_topology(measured.interconnect, int(group_size), int(nodes))
+        rows = np.flatnonzero(inverse.ravel() == index)
+        yield rows, OPS[op], IMPLEMENTATIONS[impl], ENGINE_CODES[engine], topo, measured.harness
+
+
+def training_arrays(table: MeasurementTable) -> tuple[np.ndarray, np.ndarray]:
+    """(features, log of measured/analytical) of every row of ``table``."""
+    features, targets = [], []
+    for rows, op, impl, engine, topo, harness in _configurations(table):
+        x, analytical = feature_matrix(op, impl, engine, table.message_bytes[rows], topo, harness)
+        features.append(x)
+        targets.append(np.log(table.latency_us[rows] / analytical))
+    return np.vstack(features), np.concatenate(targets)
+
+
+@dataclass(frozen=True, eq=False)
+class CommModel:
+    """A fitted correction forest and the prediction curves computed from it so far."""
+
+    forest: PortableForest
+    _curves: dict = field(default_factory=dict, repr=False)
+
+    def curve_us(self, op: str, implementation: str, engine: str, topo: GroupTopology,
+                 harness: str = HARNESSES[0]) -> np.ndarray:
+        """Non-decreasing latency (µs) over :data:`GRID_LOG2_BYTES` for one configuration.
+
+        The forest's log-latencies are fitted with an isotonic (pool-adjacent-violators) regression rather than
+        a running maximum, so one noisy grid point is averaged away instead of lifting every larger size.
+        """
+        from sklearn.isotonic import isotonic_regression
+
+        key = (op, implementation, engine if implementation != "nccl" else "", topo, harness)
+        if key not in self._curves:
+            x, analytical = feature_matrix(op, implementation, engine, 2.0**GRID_LOG2_BYTES, topo, harness)
+            log_latency = np.log(analytical) + self.forest.predict(x)
+            self._curves[key] = np.exp(isotonic_regression(log_latency, increasing=True))
+        return self._curves[key]
+
+    def time_us(self, op: str, implementation: str, engine: str, message_bytes: np.ndarray,
+                topo: GroupTopology, harness: str = HARNESSES[0]) -> np.ndarray:
+        """Latency (µs) per message size: the curve interpolated in log-log space, scaled like the analytical
+        time beyond the grid's largest size."""
+        size = np.asarray(message_bytes, dtype=float)
+        curve = self.curve_us(op, implementation, engine, topo, harness)
+        log2_size = np.log2(np.maximum(size, 1.0))
+        inside = np.exp2(np.interp(log2_size, GRID_LOG2_BYTES, np.log2(curve)))
+        largest = 2.0 ** GRID_LOG2_BYTES[-1]
+        _, analytical_end = feature_matrix(op, implementation, engine, np.array([largest]), topo)
+        _, analytical = feature_matrix(op, implementation, engine, np.maximum(size, largest), topo)
+        beyond = curve[-1] * analytical / analytical_end[0]
+        return np.where(log2_size > GRID_LOG2_BYTES[-1], beyond, inside)
+
+    def predict_table(self, table: MeasurementTable) -> np.ndarray:
+        """Predicted latency (µs) of every row of ``table`` (for evaluation)."""
+        predicted = np.empty(len(table))
+        for rows, op, impl, engine, topo, harness in _configurations(table):
+            predicted[rows] = self.time_us(op, impl, engine, table.message_bytes[rows], topo, harness)
+        return predicted
+
+
+def fit_model(table: MeasurementTable, seed: int = 0) -> CommModel:
+    features, target = training_arrays(table)
+    return CommModel(fit_forest(features, target, seed))
+
+
+def cache_dir() -> Path:
+    """``$SERVESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesim``, else ``~/.cache/servesim``."""
+    if os.environ.get("SERVESIM_CACHE_DIR"):
+        return Path(os.environ["SERVESIM_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "servesim"
+
+
+def _store(forest: PortableForest, path: Path) -> None:
+    """Write atomically; an unwritable cache only costs a refit next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
+            forest.save(handle)
+        os.replace(handle.name, path)
+    except OSError:
+        pass
+
+
+@functools.cache
+def default_model() -> CommModel:
+    """The model fitted on every shipped measurement, from the cache when it is there."""
+    table = load_table()
+    path = cache_dir() / f"comm-forest-{MODEL_VERSION}-{table.digest}.npz"
+    if path.exists():
+        try:
+            return CommModel(PortableForest.load(path))
+        except (OSError, ValueError, KeyError):
+            pass
+    model = fit_model(table)
+    _store(model.forest, path)
+    return model

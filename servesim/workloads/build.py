@@ -1,0 +1,161 @@
+"""``build_workload``: the one entry point from a user's words (profile, spec or trace; rate or concurrency) to a
+:class:`Workload`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from servesim.errors import ServesimError, suggest
+from servesim.workloads.arrivals import ArrivalProcess, Burst, EmpiricalGaps, Gamma, Poisson, Replay
+from servesim.workloads.lengths import SPEC_KINDS, is_length_spec, parse_length_spec
+from servesim.workloads.profiles import load_profile, profile_names
+from servesim.workloads.request import Workload
+from servesim.workloads.stats import arrival_stats
+from servesim.workloads.traces import load_trace
+
+ARRIVALS = ("poisson", "gamma", "burst", "trace")
+DEFAULT_REQUESTS = 1000  # generated sources, when no count is given
+_TRACE_SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".ndjson")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Drawn:
+    """Lengths for ``n`` requests and the source's own arrival process (None when it has no timing)."""
+
+    name: str
+    lengths: np.ndarray  # (n, 2): prompt, output tokens
+    own_arrivals: Replay | EmpiricalGaps | None
+
+
+def _unknown(source: str) -> ServesimError:
+    examples = ", ".join(example for _, _, example in SPEC_KINDS.values())
+    return ServesimError(
+        f"unknown workload {source!r}.{suggest(source, profile_names())} Give a profile "
+        f"({', '.join(profile_names())}), a length spec ({examples}) or the path of a CSV/JSONL trace"
+    )
+
+
+def _draw(source: str, num_requests: int | None, rng: np.random.Generator, columns: Mapping[str, str] | None) -> _Drawn:
+    is_trace = source.lower().endswith(_TRACE_SUFFIXES) or Path(source).is_file()
+    if columns is not None and not is_trace:
+        raise ServesimError("a column mapping applies only to trace files")
+    if is_length_spec(source):
+        return _Drawn(source, parse_length_spec(source).sample(rng, num_requests or DEFAULT_REQUESTS), None)
+    if source.strip().lower() in profile_names():
+        profile = load_profile(source)
+        return _Drawn(profile.name, profile.lengths.sample(rng, num_requests or DEFAULT_REQUESTS), profile.arrivals)
+    if not is_trace:
+        raise _unknown(source)
+    trace = load_trace(source, columns)
+    n = len(trace) if num_requests is None else num_requests
+    if n > len(trace):
+        raise ServesimError(f"{source} has {len(trace)} requests, fewer than the {n} asked for; ask for at most "
+                            f"{len(trace)} (or leave the count out to replay them all)")
+    lengths = np.column_stack([trace.prompt_tokens[:n], trace.output_tokens[:n]])
+    own = None if trace.arrival_s is None else Replay(trace.arrival_s[:n])
+    return _Drawn(trace.name, lengths, own)
+
+
+def _resolve_arrival(arrival: str | None, qps: float | None, concurrency: int | None, drawn: _Drawn) -> str:
+    if arrival is None:
+        if qps is not None:
+            return "poisson"
+        if concurrency is not None:
+            return "burst"
+        if drawn.own_arrivals is not None:
+            return "trace"
+        raise ServesimError(f"{drawn.name!r} has no arrival times: give a rate (qps / --qps), a closed-loop "
+                            f"concurrency (--concurrency) or arrival 'burst' (--arrival burst)")
+    if arrival not in ARRIVALS:
+        raise ServesimError(f"unknown arrival process {arrival!r}; choose one of {', '.join(ARRIVALS)}")
+    return arrival
+
+
+def _arrival_process(arrival: str, qps: float | None, cv: float, time_scale: float, drawn: _Drawn) -> ArrivalProcess:
+    if cv != 1.0 and arrival != "gamma":
+        raise ServesimError(f"cv (gap coefficient of variation) applies to gamma arrivals, not {arrival}; "
+                            f"use arrival 'gamma'")
+    if time_scale != 1.0 and (arrival != "trace" or qps is not None):
+        raise ServesimError("time_scale rescales a trace's own timing (arrival 'trace' without a rate); with a "
+                            "rate (qps) the rate alone sets the timing")
+    if arrival == "burst":
+        if qps is not None:
+            raise ServesimError("a burst sends every request at t = 0 and takes no rate; drop qps or pick poisson")
+        return Burst()
+    if arrival == "trace":
+        own = drawn.own_arrivals
+        if own is None:
+            raise ServesimError(f"{drawn.name!r} has no arrival times to replay; pick poisson, gamma or burst")
+        if isinstance(own, EmpiricalGaps):
+            return dataclasses.replace(own, rate_per_s=qps if qps is not None else own.rate_per_s / time_scale)
+        if qps is None:
+            return dataclasses.replace(own, time_scale=time_scale)
+        trace_rate = arrival_stats(own.trace_arrival_s)["rate_per_s"]
+        if not np.isfinite(trace_rate):
+            raise ServesimError(f"{drawn.name!r} has no spread of arrival times to rescale to a rate")
+        return dataclasses.replace(own, time_scale=trace_rate / qps)
+    if qps is None:
+        raise ServesimError(f"{arrival} arrivals need a rate: give qps (requests per second)")
+    return Poisson(qps) if arrival == "poisson" else Gamma(qps, cv)
+
+
+def build_workload(
+    profile_or_trace: str,
+    num_requests: int | None = None,
+    qps: float | None = None,
+    concurrency: int | None = None,
+    seed: int = 0,
+    arrival: str | None = None,
+    cv: float = 1.0,
+    time_scale: float = 1.0,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    columns: Mapping[str, str] | None = None,
+) -> Workload:
+    """Build a seeded, reproducible workload.
+
+    ``profile_or_trace`` is a built-in profile (``arxiv``, ``splitwise-conv``, ``splitwise-code``), a length spec
+    (``fixed:1024:128``, ``uniform:512-2048:64-256``, ``lognormal:2048,0.5:256,1.0``, ``zipf:16-8192,1.1:128``;
+    see :func:`parse_length_spec`) or a CSV/JSONL trace path (``columns`` maps its columns when its format is not
+    recognised). A trace gives its first ``num_requests`` rows (all when None), in order; the others draw
+    ``num_requests`` (``DEFAULT_REQUESTS`` when None).
+
+    Arrivals (``arrival``): ``poisson`` or ``gamma`` (gap coefficient of variation ``cv``) at ``qps`` requests/s;
+    ``burst``, every request at t = 0; ``trace``, the source's own timing: a trace's timestamps replayed
+    (multiplied by ``time_scale``, or rescaled to ``qps``) or a Splitwise profile's gap distribution (at its
+    recorded rate, or ``qps``). When ``arrival`` is None: poisson if ``qps`` is given, else burst if
+    ``concurrency`` is, else the source's own timing.
+
+    ``concurrency`` makes the workload closed-loop: at most that many requests in flight, the next one sent as one
+    finishes (with ``qps`` too, the arrivals are also paced, like ``vllm bench serve --request-rate R
+    --max-concurrency N``). ``max_prompt_tokens`` / ``max_output_tokens`` truncate longer requests.
+
+    The same arguments give the same workload; lengths and arrivals use separate random streams, so changing the
+    arrival process or rate keeps the request lengths.
+    """
+    if num_requests is not None and num_requests < 1:
+        raise ServesimError(f"the number of requests must be at least 1, not {num_requests}")
+    if concurrency is not None and concurrency < 1:
+        raise ServesimError(f"concurrency must be at least 1 client, not {concurrency}")
+    for label, limit in (("max_prompt_tokens", max_prompt_tokens), ("max_output_tokens", max_output_tokens)):
+        if limit is not None and limit < 1:
+            raise ServesimError(f"{label} must be at least 1, not {limit}")
+    length_rng, arrival_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    drawn = _draw(profile_or_trace, num_requests, length_rng, columns)
+    arrival = _resolve_arrival(arrival, qps, concurrency, drawn)
+    process = _arrival_process(arrival, qps, cv, time_scale, drawn)
+    prompt, output = drawn.lengths[:, 0], drawn.lengths[:, 1]
+    return Workload(
+        name=drawn.name,
+        prompt_tokens=np.clip(prompt, 1, max_prompt_tokens),
+        output_tokens=np.clip(output, 1, max_output_tokens),
+        arrival_s=process.arrival_times_s(arrival_rng, len(prompt)),
+        arrival_mode="open" if concurrency is None else "closed",
+        concurrency=concurrency,
+        seed=seed,
+        arrival_process=arrival,
+    )

@@ -1,0 +1,180 @@
+"""What the expanders need to know about each serving engine's defaults.
+
+Each figure follows one engine version's source; docs/kernels.md names the file. Only the choices that change
+which kernels a step launches live here (attention backend, CUDA-graph capture, all-reduce implementation, how a
+mixed batch is attended); memory and scheduling settings belong to the serving simulator.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from servesim.errors import ServesimError, suggest
+from servesim.hardware.spec import GpuSpec
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class GpuTraits:
+    """The few GPU facts the expanders branch on; the memoisation key stands in for the whole GpuSpec."""
+
+    architecture: str
+    fp8_tensor_cores: bool
+    nvswitch: bool
+    gpus_per_node: int
+    memory_gib: float
+
+
+def gpu_traits(gpu: GpuSpec) -> GpuTraits:
+    return GpuTraits(
+        architecture=gpu.architecture,
+        fp8_tensor_cores=gpu.tensor_flops_per_sm_per_cycle.get("fp8", 0) > 0,
+        nvswitch=bool(gpu.nvswitch),
+        gpus_per_node=gpu.gpus_per_node,
+        memory_gib=gpu.memory_gib,
+    )
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """How a step runs: ``mode`` is ``full`` (whole forward replayed as one CUDA graph), ``piecewise`` (everything
+    but attention in graphs) or ``none`` (eager); ``padded_tokens`` is the token count the graphed kernels see."""
+
+    mode: str
+    padded_tokens: int
+
+
+def _pad(tokens: int, capture_sizes: tuple[int, ...]) -> int:
+    return capture_sizes[bisect.bisect_left(capture_sizes, tokens)]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine version's kernel-relevant defaults."""
+
+    name: str
+    version: str
+    attention_backends: Mapping[str, str]  # GPU architecture -> default attention backend
+    custom_ar_max_bytes: int = 8 * MiB  # both engines' CustomAllreduce buffer (max_size)
+    custom_ar_world_sizes: tuple[int, ...] = (2, 4, 6, 8)
+    #: vLLM's FlashInfer backend runs a mixed batch's decodes and prefills as two wrappers (decode and prefill).
+    splits_mixed_attention: tuple[str, ...] = ()
+    #: SGLang's FlashInfer extend: new tokens against themselves (ragged, causal) plus against the cached prefix
+    #: (paged, non-causal), merged; every other backend reads new and cached keys from the paged cache at once.
+    ragged_prefix_split: tuple[str, ...] = ()
+    #: The LM head runs inside the decode CUDA graph, on the padded batch (SGLang captures logits).
+    lm_head_in_graph: bool = False
+    default_page_size: int = 16  # KV-cache tokens per page (vLLM block_size, SGLang page_size)
+    backend_page_sizes: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_backends", MappingProxyType(dict(self.attention_backends)))
+        object.__setattr__(self, "backend_page_sizes", MappingProxyType(dict(self.backend_page_sizes)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.version))
+
+    def page_size(self, backend: str) -> int:
+        return self.backend_page_sizes.get(backend, self.default_page_size)
+
+    def attention_backend(self, architecture: str) -> str:
+        try:
+            return self.attention_backends[architecture]
+        except KeyError:
+            raise ServesimError(
+                f"{self.name} {self.version}: no default attention backend known for GPU architecture "
+                f"{architecture!r} (known: {', '.join(self.attention_backends)})"
+            ) from None
+
+    def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
+        raise NotImplementedError
+
+    def all_reduce_impl(self, nbytes: int, tp: int, gpu: GpuTraits) -> str:
+        """``custom_ar`` when the engine's CustomAllreduce takes the message, else ``nccl``.
+
+        Both engines enable it for 2, 4, 6 or 8 GPUs of one node whose every pair is NVLink-connected (an NVSwitch
+        node) or, for exactly two GPUs, P2P-capable; a message must be under the buffer size.
+        """
+        connected = gpu.nvswitch or tp == 2
+        usable = tp in self.custom_ar_world_sizes and tp <= gpu.gpus_per_node and connected
+        return "custom_ar" if usable and nbytes < self.custom_ar_max_bytes else "nccl"
+
+
+@dataclass(frozen=True, eq=False)  # keeps EngineConfig's hash (name, version)
+class VllmConfig(EngineConfig):
+    """vLLM V1 0.11: ``cudagraph_mode=FULL_AND_PIECEWISE``; capture sizes 1, 2, 4 and multiples of 8 up to
+    ``min(2 * max_num_seqs, 512)`` = 512 for the OpenAI server's ``max_num_seqs`` (256 or 1024)."""
+
+    max_capture_tokens: int = 512
+
+    def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
+        return (1, 2, 4, *range(8, self.max_capture_tokens + 1, 8))
+
+    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
+        if num_tokens > self.max_capture_tokens:
+            return GraphPlan("none", num_tokens)
+        padded = _pad(num_tokens, self.capture_sizes(gpu, tp))
+        return GraphPlan("full" if decode_only else "piecewise", padded)
+
+
+@dataclass(frozen=True, eq=False)
+class SglangConfig(EngineConfig):
+    """SGLang 0.5: CUDA graphs for decode batches only, up to ``cuda_graph_max_bs`` chosen from GPU memory and TP
+    (server_args ``_handle_gpu_memory_settings``); capture list 1, 2, 4, 8, 12, 16..256 step 8, 272..496 step 16,
+    512.. step 32."""
+
+    def max_graph_batch(self, gpu: GpuTraits, tp: int) -> int:
+        mem_mib = gpu.memory_gib * 1024
+        if mem_mib < 35 * 1024:
+            return 24 if tp < 4 else 80
+        if mem_mib < 60 * 1024:
+            return 32 if tp < 4 else 160
+        if mem_mib < 160 * 1024:
+            return 256 if tp < 4 else 512
+        return 512
+
+    def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
+        limit = self.max_graph_batch(gpu, tp)
+        sizes = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, limit + 1, 32))
+        return tuple(s for s in sizes if s <= limit)
+
+    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
+        if not decode_only or num_tokens > self.max_graph_batch(gpu, tp):
+            return GraphPlan("none", num_tokens)
+        return GraphPlan("full", _pad(num_tokens, self.capture_sizes(gpu, tp)))
+
+
+VLLM = VllmConfig(
+    name="vllm",
+    version="0.11.0",
+    attention_backends={"ampere": "fa2", "ada": "fa2", "hopper": "fa3", "blackwell": "flashinfer"},
+    splits_mixed_attention=("flashinfer",),
+)
+
+SGLANG = SglangConfig(
+    name="sglang",
+    version="0.5.3",
+    attention_backends={"ampere": "flashinfer", "ada": "flashinfer", "hopper": "fa3", "blackwell": "trtllm_mha"},
+    ragged_prefix_split=("flashinfer",),
+    lm_head_in_graph=True,
+    default_page_size=1,
+    backend_page_sizes={"trtllm_mha": 64},
+)
+
+ENGINES: dict[str, EngineConfig] = {e.name: e for e in (VLLM, SGLANG)}
+
+
+def get_engine(name: str) -> EngineConfig:
+    try:
+        return ENGINES[name.strip().lower()]
+    except KeyError:
+        raise ServesimError(
+            f"unknown engine {name!r}.{suggest(name, ENGINES)} Choose one of: {', '.join(ENGINES)}."
+        ) from None

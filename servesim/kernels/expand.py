@@ -1,0 +1,444 @@
+"""Expanding one engine step into the kernels one GPU of one pipeline stage launches, with its collectives.
+
+The layer bodies follow the engines' model code (vLLM ``model_executor/models/{llama,qwen2,qwen3,qwen3_moe,
+mixtral}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines for these architectures; the
+engines differ in the attention kernels, CUDA-graph padding and where the LM head runs (``engines.py``).
+docs/kernels.md lists every choice with the file it follows.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Union
+
+from servesim.errors import ServesimError
+from servesim.hardware.spec import GpuSpec
+from servesim.kernels.batch import BatchSpec
+from servesim.kernels.engines import EngineConfig, GpuTraits, GraphPlan, get_engine, gpu_traits
+from servesim.kernels.types import (
+    AddRMSNorm,
+    AttentionDecode,
+    AttentionPrefill,
+    Collective,
+    Embedding,
+    FusedMoE,
+    Gemm,
+    Kernel,
+    KvWrite,
+    Quantize,
+    RMSNorm,
+    Rope,
+    RouterTopK,
+    Sampling,
+    ScaledMM,
+    SiluMul,
+    dtype_bytes,
+)
+from servesim.models.config import ModelConfig
+
+#: Weight formats: ``bf16``/``fp16`` unquantised; ``fp8`` W8A8 with per-tensor scales (vLLM/SGLang ``fp8``
+#: quantisation, dynamic activation scale); ``fp8-block`` W8A8 with 128x128 weight blocks and 1x128 activation
+#: groups (Qwen3-FP8 / DeepSeek-style checkpoints).
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block")
+
+#: vLLM and SGLang pad the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64.
+VOCAB_PADDING = 64
+
+Op = Union[Kernel, Collective]
+
+
+@dataclass(frozen=True)
+class StepOp:
+    """One entry of a step's sequence: the model layer it belongs to (None outside the layers) and the op."""
+
+    layer: int | None
+    op: Op
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """The ordered kernels and collectives of one engine step on one GPU of one pipeline stage."""
+
+    engine: str
+    engine_version: str
+    model: str
+    tp: int
+    pp: int
+    stage: int
+    dtype: str
+    first_layer: int
+    end_layer: int  # exclusive
+    attention_backend: str
+    graph_mode: str  # full | piecewise | none
+    padded_tokens: int  # tokens the graphed kernels see (the batch's tokens when eager)
+    ops: tuple[StepOp, ...]
+    flops: float
+    bytes_moved: float
+    collective_bytes: float
+
+    @property
+    def in_cuda_graph(self) -> bool:
+        return self.graph_mode != "none"
+
+    @property
+    def kernels(self) -> tuple[StepOp, ...]:
+        return tuple(s for s in self.ops if isinstance(s.op, Kernel))
+
+    @property
+    def collectives(self) -> tuple[StepOp, ...]:
+        return tuple(s for s in self.ops if isinstance(s.op, Collective))
+
+    def layer_ops(self, layer: int) -> tuple[Op, ...]:
+        return tuple(s.op for s in self.ops if s.layer == layer)
+
+    def layer_runs(self) -> list[tuple[int, int, tuple[Op, ...]]]:
+        """Consecutive layers with identical sequences as ``(first, last, ops)``, e.g. ``(1, 79, ...)``."""
+        runs: list[tuple[int, int, tuple[Op, ...]]] = []
+        for layer in range(self.first_layer, self.end_layer):
+            ops = self.layer_ops(layer)
+            if runs and runs[-1][2] == ops and _names(runs[-1][2]) == _names(ops):
+                runs[-1] = (runs[-1][0], layer, ops)
+            else:
+                runs.append((layer, layer, ops))
+        return runs
+
+
+def _names(ops: tuple[Op, ...]) -> tuple[str, ...]:
+    return tuple(op.name for op in ops)
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> range:
+    """Layers of pipeline stage ``stage``: vLLM/SGLang ``get_pp_indices`` without a manual partition.
+
+    Layers split evenly; the remainder goes one each to the stages before the last, from the second-to-last
+    backwards (the last stage also runs the final norm, LM head and sampling).
+    """
+    counts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        counts[-i] += 1
+    start = sum(counts[:stage])
+    return range(start, start + counts[stage])
+
+
+def padded_vocab(vocab_size: int) -> int:
+    return -(-vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int) -> None:
+    """Raise a ServesimError for a TP/PP layout the engines refuse."""
+    if tp < 1 or pp < 1:
+        raise ServesimError(f"--tp and --pp must be 1 or more (got tp={tp}, pp={pp})")
+    if not 0 <= stage < pp:
+        raise ServesimError(f"--stage {stage} is outside 0..{pp - 1} for pp={pp}")
+    heads, kv = model.num_attention_heads, model.num_kv_heads
+    if heads % tp:
+        raise ServesimError(
+            f"tp={tp} does not divide {model.name}'s {heads} attention heads; pick a tp that divides {heads}"
+        )
+    if (tp < kv and kv % tp) or (tp >= kv and tp % kv):
+        raise ServesimError(
+            f"tp={tp} and {model.name}'s {kv} KV heads do not split evenly; tp must divide {kv} or be a "
+            f"multiple of it"
+        )
+    widths = {"padded vocabulary": padded_vocab(model.vocab_size)}
+    if len(model.moe_layer_indices) < model.num_layers:
+        widths["intermediate_size"] = model.intermediate_size
+    if model.is_moe:
+        widths["moe_intermediate_size"] = model.moe_intermediate_size
+    for what, width in widths.items():
+        if width % tp:
+            raise ServesimError(f"tp={tp} does not divide {model.name}'s {what} ({width}); pick another tp")
+    if pp > model.num_layers:
+        raise ServesimError(f"pp={pp} exceeds {model.name}'s {model.num_layers} layers; use pp <= {model.num_layers}")
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """Everything one layer's expansion needs, derived once per step."""
+
+    engine: EngineConfig
+    model: ModelConfig
+    gpu: GpuTraits
+    batch: BatchSpec
+    tp: int
+    weights: str
+    act: str  # activation dtype
+    tokens: int  # padded tokens the layer's dense kernels see
+    backend: str
+    heads: int  # per GPU
+    kv_heads: int  # per GPU (replicated when tp > kv heads)
+
+    def all_reduce(self, name: str) -> list[Collective]:
+        if self.tp == 1:
+            return []
+        nbytes = int(self.tokens * self.model.hidden_size * dtype_bytes(self.act))
+        impl = self.engine.all_reduce_impl(nbytes, self.tp, self.gpu)
+        collective = Collective(
+            op="all_reduce", bytes=nbytes, group_size=self.tp, implementation=impl, dtype=self.act, name=name
+        )
+        return [collective]
+
+    def linear(self, name: str, n: int, k: int, bias: bool = False) -> list[Kernel]:
+        """A (column- or row-parallel) linear layer: one GEMM, or dynamic FP8 quantisation then a scaled MM."""
+        if self.weights in ("bf16", "fp16"):
+            return [Gemm(m=self.tokens, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
+        block = self.weights == "fp8-block"
+        quant = Quantize(rows=self.tokens, cols=k, group=128 if block else 0, in_dtype=self.act, name=f"{name}.quant")
+        mm = ScaledMM(
+            m=self.tokens, n=n, k=k, scale="block" if block else "tensor", bias=bias, out_dtype=self.act, name=name
+        )
+        return [quant, mm]
+
+
+def _attention(ctx: _Ctx) -> list[Kernel]:
+    """The attention kernels of one layer for the engine's backend (see EngineConfig's flags)."""
+    batch, model = ctx.batch, ctx.model
+    common = dict(
+        num_heads=ctx.heads,
+        num_kv_heads=ctx.kv_heads,
+        head_dim=model.head_dim,
+        page_size=ctx.engine.page_size(ctx.backend),
+        backend=ctx.backend,
+        dtype=ctx.act,
+        kv_dtype=ctx.act,
+    )
+    if batch.is_decode_only:
+        return [AttentionDecode(kv_lens=batch.kv_lens, name="attn", **common)]
+    if ctx.backend in ctx.engine.splits_mixed_attention and batch.decodes:
+        prefill_q = batch.query_lens[len(batch.decodes):]
+        prefill_kv = batch.kv_lens[len(batch.decodes):]
+        return [
+            AttentionDecode(kv_lens=batch.kv_lens[: len(batch.decodes)], name="attn.decode", **common),
+            AttentionPrefill(query_lens=prefill_q, kv_lens=prefill_kv, name="attn.prefill", **common),
+        ]
+    if ctx.backend in ctx.engine.ragged_prefix_split:
+        q = batch.query_lens
+        cached = [(ql, kv - ql) for ql, kv in zip(q, batch.kv_lens) if kv > ql]
+        ragged = AttentionPrefill(query_lens=q, kv_lens=q, kv_layout="ragged", name="attn.ragged", **common)
+        kernels: list[Kernel] = [ragged]
+        if cached:
+            kernels.append(
+                AttentionPrefill(
+                    query_lens=tuple(c[0] for c in cached),
+                    kv_lens=tuple(c[1] for c in cached),
+                    causal=False,
+                    name="attn.prefix",
+                    **common,
+                )
+            )
+        return kernels
+    return [AttentionPrefill(query_lens=batch.query_lens, kv_lens=batch.kv_lens, name="attn", **common)]
+
+
+def _balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
+    """(token, choice) pairs per expert under perfectly balanced routing."""
+    base, extra = divmod(pairs, experts)
+    return tuple(base + (1 if e < extra else 0) for e in range(experts))
+
+
+def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
+    model, t = ctx.model, ctx.tokens
+    if not model.is_moe_layer(layer):
+        inter = model.intermediate_size // ctx.tp
+        return [
+            *ctx.linear("gate_up_proj", n=2 * inter, k=model.hidden_size),
+            SiluMul(tokens=t, dim=inter, dtype=ctx.act, name="act_fn"),
+            *ctx.linear("down_proj", n=model.hidden_size, k=inter),
+            *ctx.all_reduce("mlp.all_reduce"),
+        ]
+    experts, top_k = model.num_experts, model.num_experts_per_tok
+    fp8 = ctx.weights.startswith("fp8")
+    return [
+        # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None).
+        Gemm(m=t, n=experts, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act, name="gate"),
+        RouterTopK(
+            tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk"
+        ),
+        FusedMoE(
+            tokens=t,
+            num_experts=experts,
+            top_k=top_k,
+            hidden=model.hidden_size,
+            intermediate=model.moe_intermediate_size // ctx.tp,
+            expert_tokens=_balanced_routing(t * top_k, experts),
+            dtype="fp8" if fp8 else ctx.act,
+            scale=("block" if ctx.weights == "fp8-block" else "tensor") if fp8 else "",
+            name="experts",
+        ),
+        *ctx.all_reduce("moe.all_reduce"),
+    ]
+
+
+def _layer(ctx: _Ctx, layer: int) -> list[Op]:
+    model, t, hd = ctx.model, ctx.tokens, ctx.model.head_dim
+    # Global layer 0 starts the residual stream (plain RMSNorm); later layers, and a later stage's first layer
+    # (which receives the residual), use the fused add+RMSNorm.
+    norm_cls = RMSNorm if layer == 0 else AddRMSNorm
+    ops: list[Op] = [norm_cls(rows=t, dim=model.hidden_size, dtype=ctx.act, name="input_layernorm")]
+    ops += ctx.linear("qkv_proj", n=(ctx.heads + 2 * ctx.kv_heads) * hd, k=model.hidden_size, bias=model.attention_bias)
+    if model.qk_norm:
+        ops += [
+            RMSNorm(rows=t * ctx.heads, dim=hd, dtype=ctx.act, name="q_norm"),
+            RMSNorm(rows=t * ctx.kv_heads, dim=hd, dtype=ctx.act, name="k_norm"),
+        ]
+    ops += [
+        Rope(tokens=t, num_heads=ctx.heads, num_kv_heads=ctx.kv_heads, head_dim=hd, dtype=ctx.act, name="rotary_emb"),
+        # Padded slots (slot id -1) are skipped, so the cache write sees only the real tokens.
+        KvWrite(
+            tokens=ctx.batch.num_tokens,
+            num_kv_heads=ctx.kv_heads,
+            head_dim=hd,
+            dtype=ctx.act,
+            kv_dtype=ctx.act,
+            name="kv_cache_write",
+        ),
+        *_attention(ctx),
+        *ctx.linear("o_proj", n=model.hidden_size, k=ctx.heads * hd),
+        *ctx.all_reduce("attn.all_reduce"),
+        AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
+        *_mlp(ctx, layer),
+    ]
+    return ops
+
+
+def _stage_input(ctx: _Ctx, stage: int) -> list[Op]:
+    """Embedding on the first stage; receiving hidden states and residual on the others.
+
+    A pipeline boundary moves two tensors (vLLM IntermediateTensors / SGLang PPProxyTensors). With tp > 1 each TP
+    rank sends and receives its 1/tp slice, and the receiving ranks all-gather (``send_tensor_dict`` with an
+    ``all_gather_group``).
+    """
+    model, t = ctx.model, ctx.tokens
+    full = int(t * model.hidden_size * dtype_bytes(ctx.act))
+    if stage == 0:
+        rows = padded_vocab(model.vocab_size) // ctx.tp
+        embedding = Embedding(tokens=t, hidden=model.hidden_size, vocab_rows=rows, dtype=ctx.act, name="embed_tokens")
+        return [embedding, *ctx.all_reduce("embed.all_reduce")]
+    ops: list[Op] = []
+    for tensor in ("hidden_states", "residual"):
+        ops.append(Collective(op="recv", bytes=full // ctx.tp, group_size=2, dtype=ctx.act, name=f"recv {tensor}"))
+        if ctx.tp > 1:
+            gather = Collective(
+                op="all_gather", bytes=full, group_size=ctx.tp, dtype=ctx.act, name=f"all_gather {tensor}"
+            )
+            ops.append(gather)
+    return ops
+
+
+def _stage_output(ctx: _Ctx, last: bool, plan: GraphPlan) -> list[Op]:
+    """Final norm, LM head on the sampled rows, logits all-gather and sampling on the last stage; else send.
+
+    Both engines compute logits for one row per request, the last of its new tokens, partial prefill chunks
+    included (their token is discarded); SGLang's decode graph computes them for the padded batch.
+    """
+    model = ctx.model
+    if not last:
+        full = int(ctx.tokens * model.hidden_size * dtype_bytes(ctx.act))
+        return [
+            Collective(op="send", bytes=full // ctx.tp, group_size=2, dtype=ctx.act, name=f"send {tensor}")
+            for tensor in ("hidden_states", "residual")
+        ]
+    rows = ctx.batch.num_requests
+    if ctx.engine.lm_head_in_graph and plan.mode == "full":
+        rows = plan.padded_tokens
+    vocab = padded_vocab(model.vocab_size)
+    ops: list[Op] = [
+        AddRMSNorm(rows=ctx.tokens, dim=model.hidden_size, dtype=ctx.act, name="norm"),
+        Gemm(m=rows, n=vocab // ctx.tp, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act, name="lm_head"),
+    ]
+    if ctx.tp > 1:
+        ops.append(
+            Collective(
+                op="all_gather",
+                bytes=int(rows * vocab * dtype_bytes(ctx.act)),
+                group_size=ctx.tp,
+                dtype=ctx.act,
+                name="logits.all_gather",
+            )
+        )
+    ops.append(Sampling(rows=ctx.batch.num_requests, vocab=model.vocab_size, name="sampler"))
+    return ops
+
+
+def expand(
+    engine: str,
+    model: ModelConfig,
+    gpu: GpuSpec,
+    batch: BatchSpec,
+    tp: int = 1,
+    pp: int = 1,
+    stage: int = 0,
+    dtype: str = "bf16",
+) -> StepKernels:
+    """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``.
+
+    Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype): a simulator calls it
+    for every step and repeated step shapes cost a dictionary look-up.
+    """
+    config = get_engine(engine)
+    if dtype not in WEIGHT_DTYPES:
+        raise ServesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
+    check_parallelism(model, tp, pp, stage)
+    traits = gpu_traits(gpu)
+    if dtype.startswith("fp8") and not traits.fp8_tensor_cores:
+        raise ServesimError(
+            f"{gpu.name} has no FP8 Tensor cores, so the engines cannot run W8A8 on it (they fall back to "
+            f"weight-only FP8 Marlin, which servesim does not model); use --dtype bf16 or an Ada/Hopper/Blackwell GPU"
+        )
+    config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
+    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype)
+
+
+@functools.lru_cache(maxsize=8192)
+def _expand_cached(
+    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int, dtype: str
+) -> StepKernels:
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
+    kv_heads = max(1, model.num_kv_heads // tp)
+    ctx = _Ctx(
+        engine=config,
+        model=model,
+        gpu=gpu,
+        batch=batch,
+        tp=tp,
+        weights=dtype,
+        act="fp16" if dtype == "fp16" else "bf16",
+        tokens=plan.padded_tokens,
+        backend=config.attention_backend(gpu.architecture),
+        heads=model.num_attention_heads // tp,
+        kv_heads=kv_heads,
+    )
+    layers = stage_layers(model.num_layers, pp, stage)
+    body: dict[bool, tuple[Op, ...]] = {}  # layer body by "is MoE", built once (layer 0 differs, built apart)
+    ops: list[StepOp] = [StepOp(None, op) for op in _stage_input(ctx, stage)]
+    for layer in layers:
+        if layer == 0:
+            layer_ops = tuple(_layer(ctx, 0))
+        else:
+            key = model.is_moe_layer(layer)
+            if key not in body:
+                body[key] = tuple(_layer(ctx, layer))
+            layer_ops = body[key]
+        ops.extend(StepOp(layer, op) for op in layer_ops)
+    ops.extend(StepOp(None, op) for op in _stage_output(ctx, stage == pp - 1, plan))
+
+    kernels = [s.op for s in ops if isinstance(s.op, Kernel)]
+    return StepKernels(
+        engine=config.name,
+        engine_version=config.version,
+        model=model.name,
+        tp=tp,
+        pp=pp,
+        stage=stage,
+        dtype=dtype,
+        first_layer=layers.start,
+        end_layer=layers.stop,
+        attention_backend=ctx.backend,
+        graph_mode=plan.mode,
+        padded_tokens=plan.padded_tokens,
+        ops=tuple(ops),
+        flops=float(sum(k.flops() for k in kernels)),
+        bytes_moved=float(sum(k.bytes_moved() for k in kernels)),
+        collective_bytes=float(sum(s.op.bytes for s in ops if isinstance(s.op, Collective))),
+    )

@@ -1,0 +1,457 @@
+"""Kernel and collective types: what one GPU launches during one engine step, with exact shapes and dtypes.
+
+Every type is a frozen, keyword-only dataclass, so equal kernels hash equal and are predicted once. ``name``
+(the model's module name, e.g. ``qkv_proj``) is for people and does not take part in equality: a ``qkv_proj`` and
+an ``o_proj`` of the same shape are the same kernel to a predictor.
+
+``flops()`` counts arithmetic work (a multiply-add is two FLOPs; Tensor-core work for GEMMs and attention, FP32-pipe
+work for element-wise kernels). ``bytes_moved()`` is the minimal DRAM traffic: every input read once, every output
+written once, weights included. Neither says anything about time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+#: Bytes per element of each dtype name used in this package.
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int32": 4, "int64": 8}
+
+#: Scale granularities of an FP8 scaled matrix multiply (see :class:`ScaledMM`).
+SCALE_GRANULARITIES = ("tensor", "block")
+
+#: Collective operations and their implementations.
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "send", "recv")
+COLLECTIVE_IMPLEMENTATIONS = ("custom_ar", "nccl")
+
+
+def dtype_bytes(dtype: str) -> float:
+    return DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernel:
+    """One kernel launch (or one fused op the engine treats as a unit, such as fused MoE)."""
+
+    category: ClassVar[str] = ""
+    dtype: str = "bf16"
+    name: str = field(default="", compare=False)
+
+    def flops(self) -> float:
+        raise NotImplementedError
+
+    def bytes_moved(self) -> float:
+        raise NotImplementedError
+
+    def shape(self) -> str:
+        """A short human-readable shape, e.g. ``m=2064 n=2560 k=8192``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(Kernel):
+    """``C[m, n] = A[m, k] @ W[k, n] (+ bias)`` with A and W in ``dtype`` and C in ``out_dtype``."""
+
+    category: ClassVar[str] = "gemm"
+    m: int
+    n: int
+    k: int
+    bias: bool = False
+    out_dtype: str = "bf16"
+
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    def bytes_moved(self) -> float:
+        b = dtype_bytes(self.dtype)
+        out = self.m * self.n * dtype_bytes(self.out_dtype)
+        return (self.m * self.k + self.k * self.n + (self.n if self.bias else 0)) * b + out
+
+    def shape(self) -> str:
+        return f"m={self.m} n={self.n} k={self.k}" + (" +bias" if self.bias else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaledMM(Kernel):
+    """FP8 W8A8 GEMM with scales, output in ``out_dtype``.
+
+    ``scale="tensor"``: one scale for the weight and one for the activation (vLLM ``cutlass_scaled_mm``);
+    ``scale="block"``: weight scales per ``block_n`` x ``block_k`` tile and activation scales per token per
+    ``block_k`` group (DeepSeek-style 128 x 128, vLLM ``w8a8_block_fp8_matmul`` / SGLang ``fp8_blockwise``).
+    """
+
+    category: ClassVar[str] = "scaled_mm"
+    dtype: str = "fp8"
+    m: int
+    n: int
+    k: int
+    scale: str = "tensor"
+    block_n: int = 128
+    block_k: int = 128
+    bias: bool = False
+    out_dtype: str = "bf16"
+
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    def scale_count(self) -> int:
+        if self.scale == "tensor":
+            return 2
+        k_blocks = -(-self.k // self.block_k)
+        return self.m * k_blocks + -(-self.n // self.block_n) * k_blocks
+
+    def bytes_moved(self) -> float:
+        b = dtype_bytes(self.dtype)
+        out = self.m * self.n * dtype_bytes(self.out_dtype)
+        bias = self.n * dtype_bytes(self.out_dtype) if self.bias else 0
+        return (self.m * self.k + self.k * self.n) * b + 4 * self.scale_count() + bias + out
+
+    def shape(self) -> str:
+        scale = "tensor" if self.scale == "tensor" else f"block {self.block_n}x{self.block_k}"
+        return f"m={self.m} n={self.n} k={self.k} scale={scale}" + (" +bias" if self.bias else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantize(Kernel):
+    """Dynamic FP8 quantisation of activations ahead of a :class:`ScaledMM`: ``rows`` x ``cols`` from ``in_dtype``
+    to fp8, one scale per tensor (``group=0``) or per ``group`` columns of each row."""
+
+    category: ClassVar[str] = "quant"
+    dtype: str = "fp8"
+    rows: int
+    cols: int
+    group: int = 0
+    in_dtype: str = "bf16"
+
+    def flops(self) -> float:
+        return 3.0 * self.rows * self.cols  # abs-max, scale, convert
+
+    def bytes_moved(self) -> float:
+        scales = 1 if self.group == 0 else self.rows * -(-self.cols // self.group)
+        elems = self.rows * self.cols
+        return elems * (dtype_bytes(self.in_dtype) + dtype_bytes(self.dtype)) + 4 * scales
+
+    def shape(self) -> str:
+        return f"{self.rows}x{self.cols} " + ("per-tensor" if self.group == 0 else f"group={self.group}")
+
+
+def _attended_pairs(query_len: int, kv_len: int, causal: bool) -> int:
+    """(query, key) pairs one request's attention scores; causal counts the triangle exactly.
+
+    The ``query_len`` new tokens sit at the end of the ``kv_len`` keys, so query i (0-based) sees
+    ``kv_len - query_len + i + 1`` keys.
+    """
+    if not causal:
+        return query_len * kv_len
+    return query_len * (kv_len - query_len) + query_len * (query_len + 1) // 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionPrefill(Kernel):
+    """Variable-length attention over a batch whose queries are more than one token for some request.
+
+    ``query_lens[i]`` new tokens of request i attend to ``kv_lens[i]`` keys (cached plus new, new included).
+    ``kv_layout`` is ``paged`` (keys read from the paged KV cache, ``page_size`` tokens a page) or ``ragged``
+    (keys taken from the contiguous new K/V of this step). ``backend`` names the engine's kernel library
+    (``fa3``, ``fa2``, ``flashinfer``, ``trtllm``).
+    """
+
+    category: ClassVar[str] = "attn_prefill"
+    query_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool = True
+    kv_layout: str = "paged"
+    page_size: int = 16
+    backend: str = "fa3"
+    kv_dtype: str = "bf16"
+
+    def flops(self) -> float:
+        pairs = sum(_attended_pairs(q, kv, self.causal) for q, kv in zip(self.query_lens, self.kv_lens))
+        return 4.0 * self.num_heads * self.head_dim * pairs  # QK^T and PV, two FLOPs per multiply-add each
+
+    def bytes_moved(self) -> float:
+        q_elems = sum(self.query_lens) * self.num_heads * self.head_dim
+        kv_elems = 2 * sum(self.kv_lens) * self.num_kv_heads * self.head_dim
+        return 2 * q_elems * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
+
+    def shape(self) -> str:
+        return (
+            f"{len(self.query_lens)} req q={sum(self.query_lens)} kv={sum(self.kv_lens)} "
+            f"h={self.num_heads}/{self.num_kv_heads}x{self.head_dim} {self.kv_layout} {self.backend}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionDecode(Kernel):
+    """One new query token per request attending to ``kv_lens[i]`` keys (new token included) in the paged cache."""
+
+    category: ClassVar[str] = "attn_decode"
+    kv_lens: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int = 16
+    backend: str = "fa3"
+    kv_dtype: str = "bf16"
+
+    def flops(self) -> float:
+        return 4.0 * self.num_heads * self.head_dim * sum(self.kv_lens)
+
+    def bytes_moved(self) -> float:
+        q_elems = len(self.kv_lens) * self.num_heads * self.head_dim
+        kv_elems = 2 * sum(self.kv_lens) * self.num_kv_heads * self.head_dim
+        return 2 * q_elems * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
+
+    def shape(self) -> str:
+        return (
+            f"{len(self.kv_lens)} req kv={sum(self.kv_lens)} "
+            f"h={self.num_heads}/{self.num_kv_heads}x{self.head_dim} paged {self.backend}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RMSNorm(Kernel):
+    """``y = x / rms(x) * w`` over ``rows`` vectors of ``dim`` (also the per-head Q/K norm of Qwen3)."""
+
+    category: ClassVar[str] = "rmsnorm"
+    rows: int
+    dim: int
+
+    def flops(self) -> float:
+        return 4.0 * self.rows * self.dim  # square-accumulate, scale, weight
+
+    def bytes_moved(self) -> float:
+        return (2 * self.rows * self.dim + self.dim) * dtype_bytes(self.dtype)
+
+    def shape(self) -> str:
+        return f"{self.rows}x{self.dim}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AddRMSNorm(Kernel):
+    """Fused ``residual += x; x = rmsnorm(residual) * w`` (vLLM/SGLang ``fused_add_rms_norm``), in place."""
+
+    category: ClassVar[str] = "add_rmsnorm"
+    rows: int
+    dim: int
+
+    def flops(self) -> float:
+        return 5.0 * self.rows * self.dim
+
+    def bytes_moved(self) -> float:
+        return (4 * self.rows * self.dim + self.dim) * dtype_bytes(self.dtype)
+
+    def shape(self) -> str:
+        return f"{self.rows}x{self.dim}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiluMul(Kernel):
+    """``silu(gate) * up``: reads ``tokens`` x 2·``dim``, writes ``tokens`` x ``dim``."""
+
+    category: ClassVar[str] = "silu_mul"
+    tokens: int
+    dim: int
+
+    def flops(self) -> float:
+        return 5.0 * self.tokens * self.dim  # negate-exp-add-divide (sigmoid), two multiplies; exp counted once
+
+    def bytes_moved(self) -> float:
+        return 3 * self.tokens * self.dim * dtype_bytes(self.dtype)
+
+    def shape(self) -> str:
+        return f"{self.tokens}x(2x{self.dim})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rope(Kernel):
+    """Rotary embedding applied in place to Q (``num_heads``) and K (``num_kv_heads``) of ``tokens`` tokens,
+    with a cos/sin cache looked up by position (fp32, ``rotary_dim`` values per position)."""
+
+    category: ClassVar[str] = "rope"
+    tokens: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def flops(self) -> float:
+        return 3.0 * self.tokens * (self.num_heads + self.num_kv_heads) * self.head_dim
+
+    def bytes_moved(self) -> float:
+        qk = 2 * self.tokens * (self.num_heads + self.num_kv_heads) * self.head_dim * dtype_bytes(self.dtype)
+        return qk + self.tokens * (self.head_dim * 4 + 8)  # cos/sin row and int64 position per token
+
+    def shape(self) -> str:
+        return f"{self.tokens} tok h={self.num_heads}+{self.num_kv_heads}x{self.head_dim}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvWrite(Kernel):
+    """Scatter the new K and V of ``tokens`` tokens into the paged KV cache (vLLM ``reshape_and_cache_flash``,
+    SGLang ``set_kv_buffer``)."""
+
+    category: ClassVar[str] = "kv_write"
+    tokens: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str = "bf16"
+
+    def flops(self) -> float:
+        return 0.0
+
+    def bytes_moved(self) -> float:
+        elems = 2 * self.tokens * self.num_kv_heads * self.head_dim
+        return elems * (dtype_bytes(self.dtype) + dtype_bytes(self.kv_dtype)) + 8 * self.tokens  # + slot index
+
+    def shape(self) -> str:
+        return f"{self.tokens} tok kvh={self.num_kv_heads}x{self.head_dim}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Embedding(Kernel):
+    """Token-embedding lookup of ``tokens`` ids in a (vocab-parallel) table of ``vocab_rows`` x ``hidden``."""
+
+    category: ClassVar[str] = "embedding"
+    tokens: int
+    hidden: int
+    vocab_rows: int
+
+    def flops(self) -> float:
+        return 0.0
+
+    def bytes_moved(self) -> float:
+        return 2 * self.tokens * self.hidden * dtype_bytes(self.dtype) + 8 * self.tokens
+
+    def shape(self) -> str:
+        return f"{self.tokens} tok x{self.hidden} of {self.vocab_rows} rows"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterTopK(Kernel):
+    """Softmax over ``num_experts`` router logits and top-``top_k`` selection (renormalised or not) per token."""
+
+    category: ClassVar[str] = "router_topk"
+    dtype: str = "fp32"
+    tokens: int
+    num_experts: int
+    top_k: int
+    renormalize: bool
+
+    def flops(self) -> float:
+        return 4.0 * self.tokens * self.num_experts
+
+    def bytes_moved(self) -> float:
+        logits = self.tokens * self.num_experts * dtype_bytes(self.dtype)
+        return logits + self.tokens * self.top_k * (4 + 4)  # fp32 weight and int32 id per choice
+
+    def shape(self) -> str:
+        return f"{self.tokens} tok E={self.num_experts} top{self.top_k}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusedMoE(Kernel):
+    """The routed experts of one MoE layer as the engines run them: token sort by expert (``moe_align_block_size``),
+    a grouped GEMM for gate/up (``2·intermediate`` wide), SiLU&Mul, a grouped GEMM for down, and the weighted sum
+    over the top-k choices (Triton ``fused_moe``).
+
+    ``intermediate`` is this GPU's slice (TP shards every expert's intermediate dimension). ``expert_tokens[e]`` is
+    how many (token, choice) pairs expert e receives; it sums to ``tokens`` x ``top_k`` and is the routing
+    distribution. Experts that receive nothing are not read.
+    """
+
+    category: ClassVar[str] = "moe"
+    tokens: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    expert_tokens: tuple[int, ...]
+    scale: str = ""  # "", or the ScaledMM granularity when dtype is fp8
+
+    def routed_pairs(self) -> int:
+        return sum(self.expert_tokens)
+
+    def active_experts(self) -> int:
+        return sum(1 for n in self.expert_tokens if n > 0)
+
+    def flops(self) -> float:
+        return 6.0 * self.routed_pairs() * self.hidden * self.intermediate
+
+    def bytes_moved(self) -> float:
+        weights = self.active_experts() * 3 * self.hidden * self.intermediate * dtype_bytes(self.dtype)
+        act = 2 * self.tokens * self.hidden * 2  # bf16 hidden in and out
+        routed = self.routed_pairs() * 3 * self.intermediate * 2  # gate/up out (2I) and SiLU&Mul out (I), bf16
+        return weights + act + routed
+
+    def shape(self) -> str:
+        return (
+            f"{self.tokens} tok E={self.num_experts} top{self.top_k} h={self.hidden} i={self.intermediate} "
+            f"active={self.active_experts()}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling(Kernel):
+    """Turning ``rows`` rows of ``vocab`` logits into tokens: temperature, softmax, top-k/top-p, draw (fp32)."""
+
+    category: ClassVar[str] = "sampling"
+    dtype: str = "fp32"
+    rows: int
+    vocab: int
+
+    def flops(self) -> float:
+        return 5.0 * self.rows * self.vocab
+
+    def bytes_moved(self) -> float:
+        return self.rows * self.vocab * dtype_bytes(self.dtype) + 8 * self.rows
+
+    def shape(self) -> str:
+        return f"{self.rows}x{self.vocab}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """A collective among ``group_size`` GPUs.
+
+    ``bytes`` is the size of the tensor each rank holds when the operation completes: the reduced buffer of an
+    all-reduce, the gathered output of an all-gather, the tensor a send/recv moves (nccl-tests' "size").
+    ``implementation`` is ``custom_ar`` (vLLM/SGLang one-shot/two-shot custom all-reduce over NVLink/P2P) or
+    ``nccl``.
+    """
+
+    op: str
+    bytes: int
+    group_size: int
+    implementation: str = "nccl"
+    dtype: str = "bf16"
+    name: str = field(default="", compare=False)
+
+    category: ClassVar[str] = "collective"
+
+    def shape(self) -> str:
+        return f"{self.bytes / 1e6:.2f} MB over {self.group_size} GPUs, {self.implementation}"
+
+
+#: Every kernel type, by category.
+KERNEL_TYPES: dict[str, type[Kernel]] = {
+    cls.category: cls
+    for cls in (
+        Gemm,
+        ScaledMM,
+        Quantize,
+        AttentionPrefill,
+        AttentionDecode,
+        RMSNorm,
+        AddRMSNorm,
+        SiluMul,
+        Rope,
+        KvWrite,
+        Embedding,
+        RouterTopK,
+        FusedMoE,
+        Sampling,
+    )
+}

@@ -1,0 +1,51 @@
+"""``servesim kernels`` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from servesim.cli.kernels import kernels_command
+from servesim.errors import ServesimError
+
+ARGS = ["--model", "llama3-70b", "--engine", "vllm", "--tp", "4", "--batch", "prefill:2048, decode:16x1024"]
+
+
+def test_table_groups_identical_layers_and_prints_totals():
+    result = CliRunner().invoke(kernels_command, ARGS)
+    assert result.exit_code == 0, result.output
+    assert "1-79 (x79)" in result.output
+    assert "qkv_proj" in result.output and "m=2064 n=2560 k=8192" in result.output
+    assert "step total:" in result.output and "TFLOP" in result.output
+    assert "attention backend fa3" in result.output
+
+
+def test_all_layers_lists_every_layer():
+    result = CliRunner().invoke(kernels_command, [*ARGS, "--all-layers", "--csv"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert sum(1 for line in lines if line.startswith("79,")) == 12  # one row per op of the last layer
+
+
+def test_json_carries_the_full_sequence_and_consistent_totals():
+    result = CliRunner().invoke(kernels_command, [*ARGS, "--json"])
+    payload = json.loads(result.output)
+    ops = payload["ops"]
+    assert payload["cuda_graph"] == "none" and payload["num_tokens"] == 2064
+    assert sum(op.get("flops", 0) for op in ops) == pytest.approx(payload["totals"]["flops"])
+    assert sum(1 for op in ops if op["kind"] == "all_reduce") == 2 * 80 + 1
+    first = next(op for op in ops if op["name"] == "qkv_proj")
+    assert (first["layer"], first["m"], first["n"], first["k"]) == (0, 2064, 2560, 8192)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--batch", "prefill=2048"], "prefill:NEW"),
+    (["--tp", "3"], "tp=3"),
+    (["--engine", "trtllm"], "vllm"),
+])
+def test_bad_input_is_a_one_line_error(extra, message):
+    result = CliRunner().invoke(kernels_command, [*ARGS, *extra])
+    assert isinstance(result.exception, ServesimError)
+    assert message in str(result.exception) and "\n" not in str(result.exception)

@@ -16,12 +16,25 @@ from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
 
 ENGINES = ("vllm", "sglang")
 
-#: CUDA context, NCCL communicators and cuBLAS/cuBLASLt workspaces per GPU, outside the engine's tensor pool.
-RUNTIME_RESERVE_BYTES = 1.0 * GIB
-#: Extra per-GPU buffers with TP > 1: the custom all-reduce's IPC buffers and NCCL channel buffers.
-TP_COMM_RESERVE_BYTES = 0.25 * GIB
-#: Memory CUDA graphs of the decode batch sizes take (private memory pools of the captured graphs).
-CUDA_GRAPH_RESERVE_BYTES = 0.5 * GIB
+#: vLLM's non-torch memory per GPU (CUDA context, NCCL communicators, cuBLAS workspaces): it is measured during
+#: start-up and kept out of the KV cache (vllm/v1/worker/gpu_worker.py ``determine_available_memory``).
+VLLM_NON_TORCH_BYTES = 0.75 * GIB
+#: Extra non-torch memory with TP > 1: the custom all-reduce's IPC buffers and NCCL channel buffers.
+VLLM_TP_COMM_BYTES = 0.25 * GIB
+#: Memory SGLang's processes hold before it measures free memory (CUDA context, NCCL); its KV pool is
+#: ``mem_fraction_static`` of what is free then, minus the weights (model_runner.py ``profile_max_num_token``).
+SGLANG_CONTEXT_BYTES = 0.5 * GIB
+
+#: SGLang's buckets by GPU memory (server_args.py ``_handle_gpu_memory_settings``):
+#: (memory below MiB, chunked_prefill_size, cuda_graph_max_bs at TP < 4, at TP >= 4).
+SGLANG_MEMORY_BUCKETS = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 2048, 24, 80),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+)
 
 
 @dataclass(frozen=True)
@@ -42,35 +55,41 @@ class EngineConfig:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _large_memory(gpu: GpuSpec) -> bool:
-    return gpu.memory_gib >= 70
+def _sglang_mem_fraction_static(gpu_mib: float, chunked_prefill_size: int, cuda_graph_max_bs: int, par: Parallelism) -> float:
+    """SGLang's default ``mem_fraction_static``: memory kept back for activations, graphs and parallelism."""
+    reserved_mib = 512 + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2 + par.tp * par.pp / 8 * 1024
+    if gpu_mib > 60 * 1024:
+        reserved_mib = max(reserved_mib, 10 * 1024)
+    return round((gpu_mib - reserved_mib) / gpu_mib, 3)
 
 
 def default_engine_config(engine: str, gpu: GpuSpec, par: Parallelism) -> EngineConfig:
-    """The engine's defaults for this GPU and layout, as its server would pick them."""
+    """The engine's defaults for this GPU and layout, as its server would pick them (docs/engines.md)."""
     if engine == "vllm":
-        # vllm/engine/arg_utils.py: GPUs with >= 70 GiB (not A100) get the larger API-server defaults.
-        big = _large_memory(gpu) and not gpu.name.startswith("A100")
+        # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.
+        big = gpu.memory_gib >= 70 and not gpu.name.upper().startswith("A100")
+        max_num_seqs = 1024 if big else 256
         return EngineConfig(
             engine="vllm",
             version="0.11",
             memory_fraction=0.9,
             max_num_batched_tokens=8192 if big else 2048,
-            max_num_seqs=1024 if big else 256,
+            max_num_seqs=max_num_seqs,
             block_size=16,
-            cuda_graph_max_batch=512,
+            cuda_graph_max_batch=min(2 * max_num_seqs, 512),
         )
     if engine == "sglang":
-        # sglang/srt/server_args.py: mem_fraction_static shrinks as TP grows (more communication buffers).
-        fraction = 0.88 if par.tp < 2 else 0.87 if par.tp < 4 else 0.85 if par.tp < 8 else 0.81
+        gpu_mib = gpu.memory_gib * 1024
+        _, chunk, graph_small_tp, graph_large_tp = next(b for b in SGLANG_MEMORY_BUCKETS if gpu_mib < b[0])
+        graph_max = graph_small_tp if par.tp < 4 else graph_large_tp
         return EngineConfig(
             engine="sglang",
-            version="0.5",
-            memory_fraction=fraction,
-            max_num_batched_tokens=8192 if _large_memory(gpu) else 2048,
-            max_num_seqs=4096,
+            version="0.5.6",
+            memory_fraction=_sglang_mem_fraction_static(gpu_mib, chunk, graph_max, par),
+            max_num_batched_tokens=chunk,
+            max_num_seqs=4096,  # upper clamp; the KV pool usually binds first (model_runner.py)
             block_size=1,
-            cuda_graph_max_batch=256 if _large_memory(gpu) else 160,
+            cuda_graph_max_batch=graph_max,
         )
     raise ServesimError(f"unknown engine {engine!r}.{suggest(engine, ENGINES)} Use one of {', '.join(ENGINES)}.")
 
@@ -93,12 +112,16 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, cfg: EngineCo
 
 
 def engine_memory_reserve(model: ModelConfig, par: Parallelism, cfg: EngineConfig) -> MemoryReserve:
-    runtime = RUNTIME_RESERVE_BYTES + (TP_COMM_RESERVE_BYTES if par.tp > 1 else 0.0)
-    return MemoryReserve(
-        activation_bytes=activation_reserve_bytes(model, par, cfg),
-        cuda_graph_bytes=CUDA_GRAPH_RESERVE_BYTES,
-        runtime_bytes=runtime,
-    )
+    """What the engine keeps out of its memory fraction besides weights.
+
+    vLLM subtracts its profiled peak activations and non-torch memory; its CUDA graphs are captured after the KV
+    cache is sized and live in the headroom above ``gpu_memory_utilization``. SGLang sizes its pool from free memory
+    after start-up, so only the memory already held then counts (scaled by the fraction, as the engine does).
+    """
+    if cfg.engine == "vllm":
+        runtime = VLLM_NON_TORCH_BYTES + (VLLM_TP_COMM_BYTES if par.tp > 1 else 0.0)
+        return MemoryReserve(activation_reserve_bytes(model, par, cfg), 0.0, runtime)
+    return MemoryReserve(0.0, 0.0, SGLANG_CONTEXT_BYTES * cfg.memory_fraction)
 
 
 def engine_memory_plan(

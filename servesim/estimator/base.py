@@ -1,0 +1,42 @@
+"""The estimator interface: many kernels of one GPU in, one time each out (µs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from servesim.errors import ServesimError, suggest
+from servesim.hardware.spec import GpuSpec
+from servesim.kernels.types import Kernel
+
+
+class KernelEstimator(Protocol):
+    """Predicts kernel times; implementations vectorise over the kernels they are given."""
+
+    name: str
+    label: str  # one line for output headers, e.g. "roofline (analytical, no learned correction)"
+
+    def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray: ...
+
+
+def _roofline() -> KernelEstimator:
+    from servesim.estimator.roofline import RooflineEstimator
+
+    return RooflineEstimator()
+
+
+#: Estimator factories by the name users pass to ``--estimator``.
+ESTIMATORS: dict[str, Callable[[], KernelEstimator]] = {"roofline": _roofline}
+
+DEFAULT_ESTIMATOR = "roofline"
+
+
+def get_estimator(name: str) -> KernelEstimator:
+    try:
+        return ESTIMATORS[name]()
+    except KeyError:
+        raise ServesimError(
+            f"unknown estimator {name!r}.{suggest(name, ESTIMATORS)} Choose one of {', '.join(ESTIMATORS)}."
+        ) from None

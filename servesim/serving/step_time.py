@@ -1,0 +1,129 @@
+"""Step time: one engine step's kernels through the estimator, its collectives through the communication model,
+plus the engine's host overhead.
+
+Kernel predictions are memoised by kernel (frozen, hashable), so a simulator that replays the same step shapes
+pays for each distinct kernel once; whole steps are memoised by batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.estimator.base import KernelEstimator
+from servesim.hardware.spec import GpuSpec
+from servesim.kernels.batch import BatchSpec
+from servesim.kernels.expand import StepKernels, expand
+from servesim.kernels.types import Collective, Kernel
+from servesim.models.config import ModelConfig
+from servesim.models.parallel import Parallelism
+
+#: Host-side cost of one engine step (scheduling, input preparation, sampling hand-off), µs. Named constants until
+#: end-to-end validation calibrates them per engine and version.
+STEP_OVERHEAD_US = {"vllm": 250.0, "sglang": 200.0}
+#: CPU cost of launching one kernel outside a CUDA graph, µs: an eager kernel never finishes sooner than this.
+EAGER_LAUNCH_US = 5.0
+#: Replaying a captured CUDA graph, µs per graph launch.
+GRAPH_LAUNCH_US = 15.0
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Times of one step, µs. ``stage_us`` holds each pipeline stage's GPU time (kernels and collectives)."""
+
+    stage_us: tuple[float, ...]
+    compute_us: float  # kernels, all stages
+    communication_us: float  # collectives, all stages, including the send/recv between stages
+    overhead_us: float  # host overhead of the step
+
+    @property
+    def latency_us(self) -> float:
+        """Time from the step's start to its last token: all stages in turn plus the host overhead."""
+        return sum(self.stage_us) + self.overhead_us
+
+    @property
+    def bottleneck_stage_us(self) -> float:
+        """The slowest stage: with micro-batches in flight, it sets the pipeline's step rate."""
+        return max(self.stage_us)
+
+
+def _kernel_gpu_us(kernel_us: np.ndarray, eager: bool) -> np.ndarray:
+    return np.maximum(kernel_us, EAGER_LAUNCH_US) if eager else kernel_us
+
+
+class StepTimeModel:
+    """Predicts step times of one model on one GPU type under one engine and layout."""
+
+    def __init__(
+        self,
+        engine: str,
+        model: ModelConfig,
+        gpu: GpuSpec,
+        par: Parallelism,
+        estimator: KernelEstimator,
+        dtype: str = "bf16",
+    ) -> None:
+        self.engine = engine
+        self.model = model
+        self.gpu = gpu
+        self.par = par
+        self.estimator = estimator
+        self.dtype = dtype
+        self._kernel_us: dict[Kernel, float] = {}
+        self._collective_us: dict[tuple[Collective, bool], float] = {}
+        self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
+
+    def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
+        return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype)
+
+    def kernel_times_us(self, kernels: list[Kernel]) -> np.ndarray:
+        """Times of ``kernels`` (µs), predicting each distinct kernel once, batched by category."""
+        missing: dict[str, list[Kernel]] = defaultdict(list)
+        for kernel in dict.fromkeys(kernels):
+            if kernel not in self._kernel_us:
+                missing[kernel.category].append(kernel)
+        for group in missing.values():
+            for kernel, time_us in zip(group, self.estimator.predict_us(group, self.gpu)):
+                self._kernel_us[kernel] = float(time_us)
+        return np.array([self._kernel_us[k] for k in kernels])
+
+    def collective_time_us(self, collective: Collective, in_graph: bool) -> float:
+        key = (collective, in_graph)
+        if key not in self._collective_us:
+            from servesim.comm import collective_time_us
+
+            op = "send_recv" if collective.op in ("send", "recv") else collective.op
+            self._collective_us[key] = float(
+                collective_time_us(op, collective.bytes, collective.group_size, self.gpu, engine=self.engine, cuda_graph=in_graph)
+            )
+        return self._collective_us[key]
+
+    def _stage_time(self, step: StepKernels) -> tuple[float, float, int]:
+        """(kernel µs, collective µs, graph launches) of one stage's step."""
+        eager = step.graph_mode == "none"
+        kernels = [s.op for s in step.kernels]
+        kernel_us = _kernel_gpu_us(self.kernel_times_us(kernels), eager)
+        if step.graph_mode == "piecewise":
+            # Attention runs eagerly between the captured pieces: it pays the launch floor, and each piece is a
+            # graph launch (one per attention call plus one).
+            attention = np.array([k.category.startswith("attn") for k in kernels])
+            kernel_us = np.where(attention, np.maximum(kernel_us, EAGER_LAUNCH_US), kernel_us)
+            launches = int(attention.sum()) + 1
+        else:
+            launches = 0 if eager else 1
+        comm_us = sum(self.collective_time_us(s.op, not eager) for s in step.collectives)
+        return float(kernel_us.sum()), comm_us, launches
+
+    def _step_time_us(self, batch: BatchSpec) -> StepTime:
+        stage_us, compute_us, comm_us, launches = [], 0.0, 0.0, 0
+        for stage in range(self.par.pp):
+            kernel_us, collective_us, graph_launches = self._stage_time(self.expand_stage(batch, stage))
+            stage_us.append(kernel_us + collective_us)
+            compute_us += kernel_us
+            comm_us += collective_us
+            launches += graph_launches
+        overhead_us = STEP_OVERHEAD_US[self.engine] + launches * GRAPH_LAUNCH_US
+        return StepTime(tuple(stage_us), compute_us, comm_us, overhead_us)

@@ -1,0 +1,1 @@
+"""Capacity planning: per-GPU estimates, SLO capacity search, replicas, cost and ranking."""

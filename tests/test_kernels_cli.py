@@ -42,7 +42,7 @@ def test_json_carries_the_full_sequence_and_consistent_totals():
 
 @pytest.mark.parametrize("extra,message", [
     (["--batch", "prefill=2048"], "prefill:NEW"),
-    (["--tp", "3"], "tp=3"),
+    (["--tp", "3"], "TP=3"),
     (["--engine", "trtllm"], "vllm"),
 ])
 def test_bad_input_is_a_one_line_error(extra, message):

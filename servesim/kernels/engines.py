@@ -39,6 +39,24 @@ def gpu_traits(gpu: GpuSpec) -> GpuTraits:
     )
 
 
+#: SGLang's settings by GPU memory (server_args.py ``_handle_gpu_memory_settings``): (memory below MiB,
+#: chunked_prefill_size, cuda_graph_max_bs at TP < 4, cuda_graph_max_bs at TP >= 4).
+SGLANG_MEMORY_BUCKETS = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 2048, 24, 80),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+)
+
+
+def sglang_memory_defaults(memory_gib: float, tp: int) -> tuple[int, int]:
+    """SGLang's default ``(chunked_prefill_size, cuda_graph_max_bs)`` for a GPU of ``memory_gib`` at ``tp``."""
+    _, chunk, graph_small_tp, graph_large_tp = next(b for b in SGLANG_MEMORY_BUCKETS if memory_gib * 1024 < b[0])
+    return chunk, graph_small_tp if tp < 4 else graph_large_tp
+
+
 @dataclass(frozen=True)
 class GraphPlan:
     """How a step runs: ``mode`` is ``full`` (whole forward replayed as one CUDA graph), ``piecewise`` (everything
@@ -131,14 +149,7 @@ class SglangConfig(EngineConfig):
     512.. step 32."""
 
     def max_graph_batch(self, gpu: GpuTraits, tp: int) -> int:
-        mem_mib = gpu.memory_gib * 1024
-        if mem_mib < 35 * 1024:
-            return 24 if tp < 4 else 80
-        if mem_mib < 60 * 1024:
-            return 32 if tp < 4 else 160
-        if mem_mib < 160 * 1024:
-            return 256 if tp < 4 else 512
-        return 512
+        return sglang_memory_defaults(gpu.memory_gib, tp)[1]
 
     def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
         limit = self.max_graph_batch(gpu, tp)

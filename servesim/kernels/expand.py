@@ -36,14 +36,12 @@ from servesim.kernels.types import (
     dtype_bytes,
 )
 from servesim.models.config import ModelConfig
+from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, validate_parallelism
 
 #: Weight formats: ``bf16``/``fp16`` unquantised; ``fp8`` W8A8 with per-tensor scales (vLLM/SGLang ``fp8``
 #: quantisation, dynamic activation scale); ``fp8-block`` W8A8 with 128x128 weight blocks and 1x128 activation
 #: groups (Qwen3-FP8 / DeepSeek-style checkpoints).
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block")
-
-#: vLLM and SGLang pad the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64.
-VOCAB_PADDING = 64
 
 Op = Union[Kernel, Collective]
 
@@ -108,49 +106,11 @@ def _names(ops: tuple[Op, ...]) -> tuple[str, ...]:
     return tuple(op.name for op in ops)
 
 
-def stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    """Layers of pipeline stage ``stage``: vLLM/SGLang ``get_pp_indices`` without a manual partition.
-
-    Layers split evenly; the remainder goes one each to the stages before the last, from the second-to-last
-    backwards (the last stage also runs the final norm, LM head and sampling).
-    """
-    counts = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        counts[-i] += 1
-    start = sum(counts[:stage])
-    return range(start, start + counts[stage])
-
-
-def padded_vocab(vocab_size: int) -> int:
-    return -(-vocab_size // VOCAB_PADDING) * VOCAB_PADDING
-
-
 def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int) -> None:
-    """Raise a ServesimError for a TP/PP layout the engines refuse."""
-    if tp < 1 or pp < 1:
-        raise ServesimError(f"--tp and --pp must be 1 or more (got tp={tp}, pp={pp})")
+    """Raise a ServesimError for a TP/PP layout the engines refuse or a stage outside it."""
+    validate_parallelism(model, Parallelism(tp, pp))
     if not 0 <= stage < pp:
         raise ServesimError(f"--stage {stage} is outside 0..{pp - 1} for pp={pp}")
-    heads, kv = model.num_attention_heads, model.num_kv_heads
-    if heads % tp:
-        raise ServesimError(
-            f"tp={tp} does not divide {model.name}'s {heads} attention heads; pick a tp that divides {heads}"
-        )
-    if (tp < kv and kv % tp) or (tp >= kv and tp % kv):
-        raise ServesimError(
-            f"tp={tp} and {model.name}'s {kv} KV heads do not split evenly; tp must divide {kv} or be a "
-            f"multiple of it"
-        )
-    widths = {"padded vocabulary": padded_vocab(model.vocab_size)}
-    if len(model.moe_layer_indices) < model.num_layers:
-        widths["intermediate_size"] = model.intermediate_size
-    if model.is_moe:
-        widths["moe_intermediate_size"] = model.moe_intermediate_size
-    for what, width in widths.items():
-        if width % tp:
-            raise ServesimError(f"tp={tp} does not divide {model.name}'s {what} ({width}); pick another tp")
-    if pp > model.num_layers:
-        raise ServesimError(f"pp={pp} exceeds {model.name}'s {model.num_layers} layers; use pp <= {model.num_layers}")
 
 
 @dataclass(frozen=True)

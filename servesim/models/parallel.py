@@ -44,6 +44,14 @@ def validate_parallelism(model: ModelConfig, par: Parallelism) -> None:
             f"TP={par.tp} and the {kv} KV heads of {model.name} do not divide one another; "
             f"pick a TP that divides {kv} or is a multiple of it"
         )
+    widths = {"padded vocabulary": padded_vocab(model.vocab_size)}
+    if len(model.moe_layer_indices) < model.num_layers:
+        widths["intermediate_size"] = model.intermediate_size
+    if model.is_moe:
+        widths["moe_intermediate_size"] = model.moe_intermediate_size
+    for what, width in widths.items():
+        if width % par.tp:
+            raise ServesimError(f"TP={par.tp} does not divide the {what} of {model.name} ({width}); pick another TP")
     if par.pp > model.num_layers:
         raise ServesimError(f"PP={par.pp} exceeds the {model.num_layers} layers of {model.name}; use PP ≤ {model.num_layers}")
 
@@ -71,6 +79,10 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> range:
     return range(start, start + counts[stage])
 
 
+def padded_vocab(vocab_size: int) -> int:
+    """Vocabulary rows after the engines' padding to a multiple of :data:`VOCAB_PADDING`."""
+    return -(-vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+
+
 def padded_vocab_per_gpu(model: ModelConfig, tp: int) -> int:
-    padded = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
-    return -(-padded // tp)
+    return -(-padded_vocab(model.vocab_size) // tp)

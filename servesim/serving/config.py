@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from servesim.errors import ServesimError, suggest
 from servesim.hardware.spec import GpuSpec
+from servesim.kernels.engines import sglang_memory_defaults
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryPlan, MemoryReserve, plan_memory
 from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
@@ -24,18 +25,6 @@ VLLM_TP_COMM_BYTES = 0.25 * GIB
 #: Memory SGLang's processes hold before it measures free memory (CUDA context, NCCL); its KV pool is
 #: ``mem_fraction_static`` of what is free then, minus the weights (model_runner.py ``profile_max_num_token``).
 SGLANG_CONTEXT_BYTES = 0.5 * GIB
-
-#: SGLang's buckets by GPU memory (server_args.py ``_handle_gpu_memory_settings``):
-#: (memory below MiB, chunked_prefill_size, cuda_graph_max_bs at TP < 4, at TP >= 4).
-SGLANG_MEMORY_BUCKETS = (
-    (20 * 1024, 2048, 8, 8),
-    (35 * 1024, 2048, 24, 80),
-    (60 * 1024, 4096, 32, 160),
-    (90 * 1024, 8192, 256, 512),
-    (160 * 1024, 8192, 256, 512),
-    (float("inf"), 16384, 512, 512),
-)
-
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -80,8 +69,7 @@ def default_engine_config(engine: str, gpu: GpuSpec, par: Parallelism) -> Engine
         )
     if engine == "sglang":
         gpu_mib = gpu.memory_gib * 1024
-        _, chunk, graph_small_tp, graph_large_tp = next(b for b in SGLANG_MEMORY_BUCKETS if gpu_mib < b[0])
-        graph_max = graph_small_tp if par.tp < 4 else graph_large_tp
+        chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
         return EngineConfig(
             engine="sglang",
             version="0.5.6",

@@ -43,6 +43,11 @@ def _register() -> None:
         module = importlib.import_module(f"servesim.cli.{module_name}")
         for command in module.COMMANDS:
             main.add_command(command)
+    from servesim.cli.comm import kernel_group
+    from servesim.cli.kernel_explain import SUBCOMMANDS
+
+    for command in SUBCOMMANDS:
+        kernel_group.add_command(command)
 
 
 _register()

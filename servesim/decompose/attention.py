@@ -1,0 +1,303 @@
+"""Attention decomposition: FlashAttention-2, FlashAttention-3 and FlashInfer, prefill (causal or not, varlen,
+paged or ragged KV) and decode (split-KV), as (request, query tile, head) tasks. Sources in docs/synperf.md.
+
+Causal masking makes tasks uneven: query rows near the start of a request attend to fewer keys, so a task's
+work depends on where its tile sits. GQA packing (FA3 varlen, FlashInfer, FA2's decode head swap) lays the
+``group`` query heads of one KV head along the tile's rows: packed row ``r`` is token ``r // group``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.decompose.gemm import dram_fraction
+from servesim.decompose.launch import (
+    MIN_HEAP,
+    ROUND_ROBIN,
+    Launch,
+    LaunchConfig,
+    occupancy,
+    pipe_rates_per_sm_per_cycle,
+    task_set,
+)
+from servesim.errors import ServesimError
+from servesim.hardware import GpuSpec
+from servesim.kernels.types import AttentionDecode, AttentionPrefill, dtype_bytes
+
+BACKENDS = ("fa2", "fa3", "flashinfer")
+#: FA2 splits at most this many ways (flash_api.cpp: num_splits_heuristic(..., 128)); FA3 likewise.
+MAX_SPLITS = 128
+#: FA3's L2-size split rule assumes a 50 MiB L2 (hopper/heuristics.h).
+_FA3_L2_BYTES = 50 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AttentionTile:
+    """The CTA tile and launch of one attention kernel variant."""
+
+    block_m: int  # query rows (packed rows under GQA packing)
+    block_n: int  # keys per main-loop step
+    threads: int
+    registers: int
+    smem_bytes: int
+    kv_readers: int  # warps/warpgroups that each read every K/V byte from shared memory
+    persistent: bool
+
+
+def _fa2_tile(head_dim: int, elem_bytes: float) -> AttentionTile:
+    """flash_fwd_launch_template.h (FA2 v2.6, sm80): 128x128 (d <= 64), 128x64 with 4 warps (d <= 128), 128x64
+    with 8 warps above; Q, K and V tiles in shared memory."""
+    block_n = 128 if head_dim <= 64 else 64
+    warps = 4 if head_dim <= 128 else 8
+    smem = int((128 + 2 * block_n) * head_dim * elem_bytes)
+    return AttentionTile(128, block_n, warps * 32, 255, smem, warps, False)
+
+
+def _fa3_tile(head_dim: int, causal: bool, paged_non_tma: bool, elem_bytes: float) -> AttentionTile:
+    """hopper/tile_size.h tile_size_fwd_sm90 (FA3 v3.0.0b1): 192x128 (d <= 64), 192x144 (d <= 96), 128x128 when
+    causal or paged without TMA else 128x176 (d <= 128), 128x112 (d <= 192), 128x80 (d <= 256); one producer plus
+    block_m/64 consumer warpgroups; two K/V pipeline stages."""
+    if head_dim <= 64:
+        block_m, block_n = 192, 128
+    elif head_dim <= 96:
+        block_m, block_n = 192, 144
+    elif head_dim <= 128:
+        block_m, block_n = 128, 128 if (causal or paged_non_tma) else 176
+    elif head_dim <= 192:
+        block_m, block_n = 128, 112
+    else:
+        block_m, block_n = 128, 80
+    consumers = block_m // 64
+    smem = int((block_m + 2 * 2 * block_n) * head_dim * elem_bytes)
+    return AttentionTile(block_m, block_n, (consumers + 1) * 128, 168, smem, consumers, True)
+
+
+def _flashinfer_fa2_tile(avg_packed_q: float, head_dim: int, elem_bytes: float) -> AttentionTile:
+    """FlashInfer prefill.cuh / scheduler.cuh FA2DetermineCtaTileQ: CTA query tile 128 when the average packed
+    query length exceeds 64 (head_dim < 256), 64 above 16, else 16; 4 warps (split over Q for 64/128-row tiles,
+    over KV for 16); a 64-key KV tile (32 at head_dim 256)."""
+    tile_q = 128 if (avg_packed_q > 64 and head_dim < 256) else 64 if avg_packed_q > 16 else 16
+    tile_kv = 64 if head_dim < 256 else 32
+    smem = int((tile_q + 2 * tile_kv) * head_dim * elem_bytes)
+    return AttentionTile(tile_q, tile_kv, 128, 128, smem, 4 if tile_q >= 64 else 1, False)
+
+
+def _packed_row_token_sum(x: np.ndarray, group: int) -> np.ndarray:
+    """Sum of ``r // group`` over packed rows r in [0, x)."""
+    t = x // group
+    return group * t * (t - 1) // 2 + t * (x - group * t)
+
+
+def _tile_work(q: np.ndarray, kv: np.ndarray, row_a: np.ndarray, row_b: np.ndarray, group: int, causal: bool,
+               block_n: int):
+    """For tiles covering packed rows [row_a, row_b) of requests with ``q`` new tokens and ``kv`` keys: the
+    (row, key) pairs they score and the keys their main loop walks (whole key blocks, up to the last row's
+    causal limit)."""
+    rows = row_b - row_a
+    if causal:
+        offset = kv - q + 1  # keys visible to token 0
+        pairs = rows * offset + _packed_row_token_sum(row_b, group) - _packed_row_token_sum(row_a, group)
+        max_keys = np.minimum(kv - q + (row_b - 1) // group + 1, kv)
+    else:
+        pairs = rows * kv
+        max_keys = kv
+    max_keys = np.where(rows > 0, max_keys, 0)
+    blocks = -(-max_keys // block_n)
+    return pairs, max_keys, blocks
+
+
+def _attention_demand(head_dim: int, q_bytes: float, kv_bytes: float, rows, pairs, keys, blocks, tile, issued_rows):
+    """Per-task demand: Tensor (QK^T and PV, 4·d per scored pair), XU (one exp per pair plus one rescale per row
+    and key block), FMA (scale, max, subtract and sum per pair; output rescale per row, dim and key block), L2
+    (Q in, O out, the walked K and V), shared memory (K/V written once, read by each reader warp(group); Q staged)."""
+    kv_tile_bytes = 2 * keys * head_dim * kv_bytes
+    return {
+        "tensor": 4.0 * head_dim * pairs,
+        "xu": (pairs + issued_rows * blocks).astype(np.float64),
+        "fma": (3.0 * pairs + rows * head_dim * blocks).astype(np.float64),
+        "l2": (2 * rows * head_dim * q_bytes + kv_tile_bytes).astype(np.float64),
+        "smem": (kv_tile_bytes * (1 + tile.kv_readers) + 2 * issued_rows * head_dim * q_bytes).astype(np.float64),
+    }
+
+
+def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, dims: np.ndarray, rows, pairs, keys, blocks,
+                 notes: tuple[str, ...]) -> Launch:
+    rates = pipe_rates_per_sm_per_cycle(gpu, kernel.dtype)
+    q_b, kv_b, d = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype), kernel.head_dim
+    useful = _attention_demand(d, q_b, kv_b, rows, pairs, keys, blocks, tile, rows)
+    full_rows = np.where(rows > 0, tile.block_m, 0)
+    issued = _attention_demand(d, q_b, kv_b, full_rows, full_rows * blocks * tile.block_n, blocks * tile.block_n,
+                               blocks, tile, full_rows)
+    share = dram_fraction(kernel.bytes_moved(), useful["l2"].sum())
+    useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
+    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued)
+    config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)
+    grid = tasks.size
+    if tile.persistent:
+        grid = min(grid, gpu.sm_count * occupancy(config, gpu).ctas_per_sm)
+    return Launch(name, config, tasks, MIN_HEAP if tile.persistent else ROUND_ROBIN, grid, kernel.dtype, notes)
+
+
+def _check(kernel) -> None:
+    if kernel.backend not in BACKENDS:
+        raise ServesimError(f"unknown attention backend {kernel.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if kernel.num_heads % kernel.num_kv_heads:
+        raise ServesimError(f"{kernel.num_heads} query heads do not group evenly over {kernel.num_kv_heads} KV heads")
+
+
+def _expand(counts: np.ndarray):
+    """Index of the owner and the position within it for ``counts[i]`` items of each owner i."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    starts = np.cumsum(counts) - counts
+    return owner, np.arange(int(counts.sum())) - starts[owner]
+
+
+def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, ...]:
+    """FA2: grid (ceil(max_q / 128), batch, heads), shorter requests' surplus CTAs exit at once; hardware
+    round-robin. FA3 and FlashInfer on SM90: GQA-packed varlen tiles on a persistent grid, longest tile first to the
+    least-loaded CTA. FlashInfer elsewhere: GQA-packed (request, query tile) work items x KV heads, round-robin."""
+    _check(kernel)
+    q = np.asarray(kernel.query_lens, dtype=np.int64)
+    kv = np.asarray(kernel.kv_lens, dtype=np.int64)
+    group = kernel.num_heads // kernel.num_kv_heads
+    elem = dtype_bytes(kernel.dtype)
+    sm90 = gpu.compute_capability.startswith("9")
+    if kernel.backend == "fa2":
+        tile, pack, heads = _fa2_tile(kernel.head_dim, elem), 1, kernel.num_heads
+        tiles_per_req = np.full_like(q, -(-int(q.max()) // tile.block_m))
+    else:
+        if kernel.backend == "fa3" or sm90:
+            paged_non_tma = kernel.kv_layout == "paged"
+            tile = _fa3_tile(kernel.head_dim, kernel.causal, paged_non_tma, elem)
+        else:
+            tile = _flashinfer_fa2_tile(float(q.mean()) * group, kernel.head_dim, elem)
+        pack, heads = group, kernel.num_kv_heads
+        tiles_per_req = -(-(q * pack) // tile.block_m)
+    req, tile_idx = _expand(tiles_per_req)
+    # Launch order: tiles fastest, then requests, then heads (grid x, y, z).
+    req, tile_idx = np.tile(req, heads), np.tile(tile_idx, heads)
+    head = np.repeat(np.arange(heads), len(tile_idx) // heads)
+    row_a = np.minimum(tile_idx * tile.block_m, q[req] * pack)
+    row_b = np.minimum(row_a + tile.block_m, q[req] * pack)
+    pairs, keys, blocks = _tile_work(q[req], kv[req], row_a, row_b, pack, kernel.causal, tile.block_n)
+    rows = row_b - row_a
+    dims = np.column_stack([req, head, tile_idx, np.zeros_like(req), rows, keys])
+    name = f"{kernel.backend} prefill"
+    notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else ""),)
+    return (_make_launch(kernel, gpu, tile, name, dims, rows, pairs, keys, blocks, notes),)
+
+
+def fa2_num_splits(blocks_x_heads_x_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
+    """FA2's split-KV choice (flash_api.cpp num_splits_heuristic, v2.6): one split when the grid nearly fills the
+    SMs; otherwise the fewest splits whose wave efficiency is within 85% of the best, skipping split counts that
+    give the same blocks per split as one fewer."""
+    if blocks_x_heads_x_mblocks >= 0.8 * num_sms:
+        return 1
+    max_splits = min(max_splits, num_sms, num_n_blocks)
+    efficiency = []
+    for splits in range(1, max_splits + 1):
+        eligible = splits == 1 or -(-num_n_blocks // splits) != -(-num_n_blocks // (splits - 1))
+        waves = blocks_x_heads_x_mblocks * splits / num_sms
+        efficiency.append(waves / np.ceil(waves) if eligible else 0.0)
+    best = max(efficiency, default=0.0)
+    return next((s for s, e in enumerate(efficiency, 1) if e > 0 and e >= 0.85 * best), 1)
+
+
+def fa3_num_splits(total_mblocks: int, num_sms: int, num_n_blocks: int, kv_head_bytes: float,
+                   max_splits: int = MAX_SPLITS) -> int:
+    """FA3's split-KV choice (hopper/heuristics.h num_splits_heuristic, v3.0.0b1): with a nearly full grid, split
+    only a KV head larger than L2 (non-causal, many key blocks); with four or fewer key blocks never; else the
+    fewest splits within 85% of the best wave efficiency."""
+    if total_mblocks >= 0.8 * num_sms:
+        if kv_head_bytes > _FA3_L2_BYTES and num_n_blocks >= 2 * num_sms:
+            return int(min(-(-kv_head_bytes // _FA3_L2_BYTES), max_splits))
+        return 1
+    if num_n_blocks <= 4:
+        return 1
+    max_splits = min(max_splits, num_sms, num_n_blocks)
+    efficiency = [total_mblocks * s / num_sms / np.ceil(total_mblocks * s / num_sms) for s in range(1, max_splits + 1)]
+    best = max(efficiency)
+    return next(s for s, e in enumerate(efficiency, 1) if e >= 0.85 * best)
+
+
+def flashinfer_decode_chunk_pages(pages: np.ndarray, kv_heads: int, max_grid_ctas: int, page_size: int) -> int:
+    """FlashInfer's decode KV partition (scheduler.cuh PartitionPagedKVCacheBinarySearchMinNumPagePerBatch):
+    no split when batch x KV heads already fill the grid; else the smallest pages per chunk (at least 128 tokens'
+    worth) whose chunk count x KV heads fits the grid. Returns pages per chunk."""
+    longest = int(pages.max())
+    if len(pages) * kv_heads >= max_grid_ctas:
+        return longest
+    low, high = max(128 // page_size, 1), max(longest, 1)
+    while low < high:
+        mid = (low + high) // 2
+        if int((-(-pages // mid)).sum()) * kv_heads > max_grid_ctas:
+            low = mid + 1
+        else:
+            high = mid
+    return max(low, 1)
+
+
+def _flashinfer_decode_tile(group: int, head_dim: int, kv_bytes: float) -> AttentionTile:
+    """FlashInfer decode.cuh: bdx = head_dim / vec (vec = max(16 B / elem, head_dim / 32)), bdy = group,
+    bdz so that the CTA has max(128, bdx*bdy) threads; 2 shared-memory stages of bdy*bdz*tile keys."""
+    vec = max(int(16 // kv_bytes), head_dim // 32)
+    bdx = head_dim // vec
+    threads = max(128, bdx * group)
+    bdz = threads // (bdx * group)
+    keys_per_step = group * bdz * (1 if group > 1 else int(16 // kv_bytes))
+    smem = int(2 * 2 * keys_per_step * head_dim * kv_bytes)
+    return AttentionTile(group, keys_per_step, threads, 64, smem, 1, False)
+
+
+def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile, int]:
+    """The tile and the number of KV splits (FA2/FA3) or pages per chunk (FlashInfer) the backend chooses."""
+    _check(kernel)
+    kv = np.asarray(kernel.kv_lens, dtype=np.int64)
+    group = kernel.num_heads // kernel.num_kv_heads
+    elem, kv_b = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype)
+    batch, max_kv = len(kv), int(kv.max())
+    if kernel.backend == "fa2":
+        # flash_api.cpp set_params_splitkv: 64-row tile, key block by head_dim, 2 CTAs per SM assumed.
+        block_n = 256 if kernel.head_dim <= 64 else 128 if kernel.head_dim <= 128 else 64
+        tile = AttentionTile(64, block_n, 128, 255, int((64 + 2 * block_n) * kernel.head_dim * elem), 4, False)
+        m_blocks = -(-group // 64)
+        return tile, fa2_num_splits(batch * kernel.num_kv_heads * m_blocks, 2 * gpu.sm_count, -(-max_kv // block_n))
+    if kernel.backend == "fa3":
+        tile = _fa3_tile(kernel.head_dim, False, kernel.page_size % 128 != 0, elem)
+        m_blocks = -(-group // tile.block_m)
+        kv_head_bytes = max_kv * 2 * kernel.head_dim * kv_b
+        return tile, fa3_num_splits(batch * kernel.num_kv_heads * m_blocks, gpu.sm_count,
+                                    -(-max_kv // tile.block_n), kv_head_bytes)
+    tile = _flashinfer_decode_tile(group, kernel.head_dim, kv_b)
+    max_grid = gpu.sm_count * occupancy(LaunchConfig(tile.threads, tile.registers, tile.smem_bytes), gpu).ctas_per_sm
+    pages = -(-kv // kernel.page_size)
+    return tile, flashinfer_decode_chunk_pages(pages, kernel.num_kv_heads, max_grid, kernel.page_size)
+
+
+def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...]:
+    """Tasks are (request, KV head, KV split) with the group's query heads as tile rows. FA2/FA3 split every
+    request into the same number of splits of ceil(max key blocks / splits) blocks (shorter requests leave empty
+    splits that exit at once); FlashInfer chunks each request into pages-per-chunk pieces."""
+    tile, choice = decode_splits(kernel, gpu)
+    kv = np.asarray(kernel.kv_lens, dtype=np.int64)
+    group = kernel.num_heads // kernel.num_kv_heads
+    if kernel.backend == "flashinfer":
+        chunk_keys = choice * kernel.page_size
+        chunks = -(-kv // chunk_keys)
+        splits_label = f"{choice} pages per chunk"
+    else:
+        blocks_per_split = -(-(-(-int(kv.max()) // tile.block_n)) // choice)
+        chunk_keys = blocks_per_split * tile.block_n
+        chunks = np.full_like(kv, choice)
+        splits_label = f"{choice} KV splits"
+    req, split = _expand(chunks)
+    req, split = np.tile(req, kernel.num_kv_heads), np.tile(split, kernel.num_kv_heads)
+    head = np.repeat(np.arange(kernel.num_kv_heads), len(req) // kernel.num_kv_heads)
+    keys = np.clip(kv[req] - split * chunk_keys, 0, chunk_keys)
+    rows = np.where(keys > 0, group, 0)
+    blocks = -(-keys // tile.block_n)
+    dims = np.column_stack([req, head, np.zeros_like(req), split, rows, keys])
+    notes = (f"tile {tile.block_m}x{tile.block_n}, {splits_label}",)
+    return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", dims, rows, rows * keys, keys, blocks, notes),)

@@ -1,0 +1,78 @@
+"""Row-parallel kernels (norms, activations, RoPE, KV write, quantisation, embedding, router, sampling): each
+CTA handles one row (token) or a fixed share of the tensor, so tasks are uniform and the kernel's FLOPs and bytes
+split evenly. Grids and block sizes from the engines' sources (docs/synperf.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, pipe_rates_per_sm_per_cycle, task_set
+from servesim.hardware import GpuSpec
+from servesim.kernels.types import (
+    AddRMSNorm,
+    Embedding,
+    Kernel,
+    KvWrite,
+    Quantize,
+    RMSNorm,
+    Rope,
+    RouterTopK,
+    Sampling,
+    SiluMul,
+)
+
+_REGISTERS = 32  # element-wise kernels stay far below any register limit (surrogate)
+
+
+def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
+    """(CTAs, threads per CTA, XU ops per CTA, shared-memory bytes per CTA, source) of one launch."""
+    if isinstance(kernel, (RMSNorm, AddRMSNorm)):
+        # csrc/layernorm_kernels.cu (vLLM v0.9): grid(num_tokens), block(min(hidden, tokens < 256 ? 1024 : 256)),
+        # one rsqrt per row and a block reduction through shared memory.
+        threads = min(kernel.dim, 1024 if kernel.rows < 256 else 256)
+        return kernel.rows, threads, 1.0, 2 * 4 * -(-threads // 32), "vLLM layernorm_kernels.cu"
+    if isinstance(kernel, SiluMul):
+        # csrc/activation_kernels.cu: grid(num_tokens), block(min(d, 1024)); one exp per element.
+        return kernel.tokens, min(kernel.dim, 1024), float(kernel.dim), 0.0, "vLLM activation_kernels.cu"
+    if isinstance(kernel, Rope):
+        # csrc/pos_encoding_kernels.cu: grid(num_tokens), block(min(num_heads * rot_dim / 2, 512)); cos/sin cached.
+        threads = min(kernel.num_heads * kernel.head_dim // 2, 512)
+        return kernel.tokens, threads, 0.0, 0.0, "vLLM pos_encoding_kernels.cu"
+    if isinstance(kernel, KvWrite):
+        # csrc/cache_kernels.cu reshape_and_cache_flash: grid(num_tokens), block(min(num_heads * head_size, 512)).
+        threads = min(kernel.num_kv_heads * kernel.head_dim, 512)
+        return kernel.tokens, threads, 0.0, 0.0, "vLLM cache_kernels.cu"
+    if isinstance(kernel, Quantize):
+        # csrc/quantization/fp8/common.cu dynamic_per_token_scaled_fp8_quant: grid(num_tokens), block(min(h, 1024)).
+        threads = min(kernel.cols, 1024)
+        return kernel.rows, threads, 0.0, 2 * 4 * -(-threads // 32), "vLLM fp8/common.cu"
+    if isinstance(kernel, Embedding):
+        # PyTorch aten/src/ATen/native/cuda/Indexing.cu indexSelectLargeIndex: grid min(ceil(n / 128), 8 x SMs),
+        # block min(n, 128) over the n = tokens x hidden gathered elements (grid-stride loop).
+        elems = kernel.tokens * kernel.hidden
+        return max(min(-(-elems // 128), 8 * gpu.sm_count), 1), min(elems, 128), 0.0, 0.0, "PyTorch Indexing.cu"
+    if isinstance(kernel, RouterTopK):
+        # csrc/moe/topk_softmax_kernels.cu: 4 warps per CTA, one token per warp (surrogate of ROWS_PER_WARP),
+        # one exp per logit.
+        return -(-kernel.tokens // 4), 128, 4.0 * kernel.num_experts, 0.0, "vLLM topk_softmax_kernels.cu"
+    if isinstance(kernel, Sampling):
+        # FlashInfer sampling.cuh: grid(batch), block(1024); one exp per logit for the softmax.
+        return kernel.rows, 1024, float(kernel.vocab), 2 * 4 * 32, "FlashInfer sampling.cuh"
+    raise TypeError(f"no row-parallel decomposition for {type(kernel).__name__}")
+
+
+def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
+    ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
+    ctas = max(ctas, 1)
+    rates = pipe_rates_per_sm_per_cycle(gpu, "")
+    bytes_per_cta = kernel.bytes_moved() / ctas
+    demand = {
+        "fma": np.full(ctas, kernel.flops() / ctas),
+        "xu": np.full(ctas, xu_per_cta if not isinstance(kernel, Embedding) else 0.0),
+        "dram": np.full(ctas, bytes_per_cta),
+        "l2": np.full(ctas, bytes_per_cta),
+        "smem": np.full(ctas, smem_per_cta),
+    }
+    tasks = task_set(("cta",), np.arange(ctas)[:, None], demand, rates)
+    config = LaunchConfig(max(threads, 1), _REGISTERS, int(smem_per_cta))
+    return (Launch(f"{kernel.category} ({source})", config, tasks, ROUND_ROBIN, ctas, "", (f"grid {ctas} x {threads} threads",)),)

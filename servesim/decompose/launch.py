@@ -1,0 +1,162 @@
+"""What one kernel launch consists of: its CTA resources, its tasks and how the tasks are scheduled.
+
+A *task* is the unit of work one CTA processes: a CTA of a classic grid, or one work tile of a persistent kernel.
+Per-task demand is *useful* work (sums to the kernel's closed-form FLOPs and bytes); ``duration_cycles`` is what
+the task occupies its CTA slot for, which for tiled kernels counts the padded tile (edge tiles and masked causal
+blocks issue full MMA tiles), so that the schedule sees what the hardware sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servesim.errors import ServesimError
+from servesim.hardware import GpuSpec
+
+#: Scheduling policies (see servesim.scheduler).
+ROUND_ROBIN = "round_robin"  # hardware block scheduler
+MIN_HEAP = "min_heap"  # persistent kernel, each work unit to the least-loaded CTA (FlashInfer SM90 plan, FA3)
+STATIC_PERSISTENT = "static_persistent"  # persistent kernel, tile t to CTA t mod grid (Hopper GEMM raster)
+POLICIES = (ROUND_ROBIN, MIN_HEAP, STATIC_PERSISTENT)
+
+#: Demand fields of a task set, in feature order: Tensor/FMA/XU pipes (ops) and the memory hierarchy (bytes).
+PIPES = ("tensor", "fma", "xu", "dram", "l2", "smem")
+
+#: Shared-memory bandwidth per SM: 32 banks x 4 bytes per cycle (CUDA C++ Programming Guide, "Shared Memory",
+#: compute capabilities 5.x-12.x).
+SMEM_BYTES_PER_SM_PER_CYCLE = 128.0
+
+#: Shared memory the driver reserves per CTA on compute capability 8.0 and later (CUDA Occupancy Calculator).
+SMEM_RESERVED_PER_CTA_BYTES = 1024
+#: Register allocation: per warp, in units of 256 registers; the register file is split over 4 sub-partitions.
+REGISTER_ALLOC_UNIT = 256
+SUB_PARTITIONS = 4
+MAX_THREADS_PER_CTA = 1024
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Per-CTA resources, which bound how many CTAs an SM holds at once."""
+
+    threads_per_cta: int
+    registers_per_thread: int
+    smem_per_cta_bytes: int
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Resident CTAs per SM and the resource that limits it."""
+
+    ctas_per_sm: int
+    limiter: str  # threads | warps | registers | smem | cta_slots
+    by_resource: tuple[tuple[str, int], ...]
+
+
+def occupancy(launch: LaunchConfig, gpu: GpuSpec) -> Occupancy:
+    """CTAs per SM by the CUDA occupancy rules: the minimum over warps, threads, registers, shared memory and CTA
+    slots of what fits. Registers are allocated per warp in 256-register units within each of the 4 SM
+    sub-partitions; each CTA's shared memory carries 1 KiB the driver reserves."""
+    if launch.threads_per_cta < 1 or launch.threads_per_cta > MAX_THREADS_PER_CTA:
+        raise ServesimError(f"a CTA has 1 to {MAX_THREADS_PER_CTA} threads, not {launch.threads_per_cta}")
+    if launch.smem_per_cta_bytes > gpu.max_smem_per_cta_kib * 1024:
+        raise ServesimError(
+            f"{launch.smem_per_cta_bytes} B of shared memory per CTA exceeds {gpu.name}'s "
+            f"{gpu.max_smem_per_cta_kib:g} KiB limit; use a smaller tile"
+        )
+    warps = -(-launch.threads_per_cta // 32)
+    regs_per_warp = -(-launch.registers_per_thread * 32 // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
+    warps_by_regs = (gpu.registers_per_sm // SUB_PARTITIONS // max(regs_per_warp, 1)) * SUB_PARTITIONS
+    smem_cta = launch.smem_per_cta_bytes + SMEM_RESERVED_PER_CTA_BYTES
+    by_resource = (
+        ("warps", gpu.max_warps_per_sm // warps),
+        ("threads", gpu.max_threads_per_sm // launch.threads_per_cta),
+        ("registers", warps_by_regs // warps),
+        ("smem", int(gpu.smem_per_sm_kib * 1024) // smem_cta),
+        ("cta_slots", gpu.max_ctas_per_sm),
+    )
+    limiter, ctas = min(by_resource, key=lambda item: item[1])
+    if ctas < 1:
+        raise ServesimError(f"a CTA of this kernel does not fit on one {gpu.name} SM ({limiter}); use a smaller tile")
+    return Occupancy(ctas, limiter, by_resource)
+
+
+@dataclass(frozen=True, eq=False)
+class TaskSet:
+    """Per-task arrays, one entry per task, in launch order.
+
+    ``dims`` holds each task's dimension vector (columns named by ``dim_names``, e.g. rows, cols, k of a GEMM tile);
+    demand arrays are keyed by :data:`PIPES`.
+    """
+
+    dim_names: tuple[str, ...]
+    dims: np.ndarray  # (n_tasks, len(dim_names)) int64
+    demand: dict[str, np.ndarray]  # pipe -> (n_tasks,) float64
+    duration_cycles: np.ndarray  # (n_tasks,) float64
+
+    @property
+    def size(self) -> int:
+        return len(self.duration_cycles)
+
+    def uniform(self) -> bool:
+        """Whether every task occupies its slot equally long (then round-robin has a closed form)."""
+        d = self.duration_cycles
+        return d.size == 0 or bool(np.all(d == d[0]))
+
+
+@dataclass(frozen=True, eq=False)
+class Launch:
+    """One kernel launch: what it is, its CTA resources, its tasks and its scheduling policy.
+
+    ``grid_ctas`` is the number of CTAs launched: the task count for a classic grid, the persistent grid for
+    persistent kernels (each CTA then loops over several tasks).
+    """
+
+    name: str
+    config: LaunchConfig
+    tasks: TaskSet
+    policy: str
+    grid_ctas: int
+    tensor_dtype: str
+    notes: tuple[str, ...] = field(default=())
+
+
+def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
+    """Each pipe's throughput per SM per cycle: ops for Tensor/FMA/XU, bytes for DRAM/L2 (the GPU's bandwidth
+    shared evenly by its SMs) and shared memory."""
+    tensor = gpu.tensor_flops_per_sm_per_cycle.get(tensor_dtype, 0.0)
+    if tensor_dtype and tensor <= 0:
+        raise ServesimError(
+            f"{gpu.name} has no {tensor_dtype} Tensor-core throughput in the catalogue; "
+            f"choose a dtype it supports ({', '.join(sorted(gpu.tensor_flops_per_sm_per_cycle))})"
+        )
+    clock_hz = gpu.clock_hz()
+    return {
+        "tensor": tensor or 1.0,
+        "fma": gpu.fma_flops_per_sm_per_cycle,
+        "xu": gpu.xu_ops_per_sm_per_cycle,
+        "dram": gpu.dram_bandwidth_gbps * 1e9 / clock_hz / gpu.sm_count,
+        "l2": gpu.l2_bandwidth_gbps * 1e9 / clock_hz / gpu.sm_count,
+        "smem": SMEM_BYTES_PER_SM_PER_CYCLE,
+    }
+
+
+def task_set(
+    dim_names: tuple[str, ...],
+    dims: np.ndarray,
+    demand: dict[str, np.ndarray],
+    rates: dict[str, float],
+    issued: dict[str, np.ndarray] | None = None,
+) -> TaskSet:
+    """Build a :class:`TaskSet`. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
+    when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one."""
+    n = len(dims)
+    useful = _full(demand, n)
+    timed = useful if issued is None else _full(issued, n)
+    duration = np.max(np.vstack([timed[p] / rates[p] for p in PIPES]), axis=0) if n else np.zeros(0)
+    return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(n, len(dim_names)), useful, duration)
+
+
+def _full(demand: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    return {p: np.broadcast_to(np.asarray(demand.get(p, 0.0), dtype=np.float64), (n,)).copy() for p in PIPES}

@@ -1,0 +1,88 @@
+"""Fused MoE as vLLM's Triton path runs it (vllm/model_executor/layers/fused_moe/fused_moe.py): tokens sorted by
+expert into BLOCK_SIZE_M-padded blocks (moe_align_block_size), a grouped GEMM for gate/up, SiLU&Mul, a grouped
+GEMM for down. Each grouped GEMM is a 1-D grid over (padded M blocks x N blocks) with Triton's GROUP_SIZE_M
+swizzle; blocks past the padded token count exit at once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from servesim.decompose.elementwise import decompose_rowwise
+from servesim.decompose.gemm import dram_fraction
+from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, pipe_rates_per_sm_per_cycle, task_set
+from servesim.hardware import GpuSpec
+from servesim.kernels.types import FusedMoE, SiluMul, dtype_bytes
+
+_TRITON_WARPS = 4
+_TRITON_STAGES = 3
+
+
+def moe_config(kernel: FusedMoE) -> dict[str, int]:
+    """fused_moe.py get_default_config (untuned shapes): FP8 block-scaled weights use BLOCK_SIZE_N/K equal to the
+    scale block and M 64, GROUP 32; otherwise 16x32x64 (GROUP 1) when tokens <= experts, else 64x64x32 (GROUP 8)."""
+    if kernel.dtype == "fp8" and kernel.scale == "block":
+        return {"m": 64, "n": 128, "k": 128, "group": 32}
+    if kernel.tokens <= kernel.num_experts:
+        return {"m": 16, "n": 32, "k": 64, "group": 1}
+    return {"m": 64, "n": 64, "k": 32, "group": 8}
+
+
+def padded_blocks(kernel: FusedMoE, block_m: int) -> tuple[int, np.ndarray]:
+    """(grid M blocks, rows of each real block in expert order). The grid covers the worst-case padded length
+    numel + E·(BLOCK_M − 1) (capped at numel·BLOCK_M when numel < E); real blocks are ceil(n_e / BLOCK_M) per expert."""
+    counts = np.asarray(kernel.expert_tokens, dtype=np.int64)
+    numel = kernel.tokens * kernel.top_k
+    padded = numel + kernel.num_experts * (block_m - 1)
+    if numel < kernel.num_experts:
+        padded = min(numel * block_m, padded)
+    per_expert = -(-counts // block_m)
+    owner = np.repeat(np.arange(len(counts)), per_expert)
+    first = np.cumsum(per_expert) - per_expert
+    rows = np.minimum(block_m, counts[owner] - (np.arange(int(per_expert.sum())) - first[owner]) * block_m)
+    return -(-padded // block_m), rows
+
+
+def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str, int], name: str) -> Launch:
+    grid_m, block_rows = padded_blocks(kernel, cfg["m"])
+    grid_n = -(-n // cfg["n"])
+    pid = np.arange(grid_m * grid_n)
+    # Triton GROUP_SIZE_M swizzle: consecutive programs walk GROUP_SIZE_M row blocks before the next column.
+    per_group = cfg["group"] * grid_n
+    first_m = pid // per_group * cfg["group"]
+    group_rows = np.minimum(grid_m - first_m, cfg["group"])
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    rows = np.where(pid_m < len(block_rows), block_rows[np.minimum(pid_m, max(len(block_rows) - 1, 0))], 0)
+    cols = np.minimum(cfg["n"], n - pid_n * cfg["n"])
+    b = dtype_bytes(kernel.dtype)
+    active = rows > 0
+
+    def demand(r, c):
+        return {
+            "tensor": 2.0 * r * c * k,
+            "fma": (r * c * active).astype(np.float64),  # epilogue (routing weight / convert)
+            "l2": ((r * k + c * k * active) * b + r * c * 2).astype(np.float64),
+            "smem": (2 * (r * k + c * k * active) * b).astype(np.float64),
+        }
+
+    useful = demand(rows, cols)
+    issued = demand(np.where(active, cfg["m"], 0), np.where(active, cfg["n"], 0))
+    unique = kernel.active_experts() * n * k * b + kernel.routed_pairs() * (k + n) * 2
+    share = dram_fraction(unique, useful["l2"].sum())
+    useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
+    tasks = task_set(("pid_m", "pid_n", "rows", "cols", "k"), np.column_stack([pid_m, pid_n, rows, cols, np.full_like(pid, k)]),
+                     useful, pipe_rates_per_sm_per_cycle(gpu, kernel.dtype), issued)
+    smem = _TRITON_STAGES * (cfg["m"] + cfg["n"]) * cfg["k"] * int(b)
+    config = LaunchConfig(_TRITON_WARPS * 32, 128, smem)
+    note = f"BLOCK {cfg['m']}x{cfg['n']}x{cfg['k']}, {len(block_rows)} of {grid_m} M blocks hold tokens"
+    return Launch(name, config, tasks, ROUND_ROBIN, len(pid), kernel.dtype, (note,))
+
+
+def decompose_moe(kernel: FusedMoE, gpu: GpuSpec) -> tuple[Launch, ...]:
+    cfg = moe_config(kernel)
+    act = SiluMul(tokens=max(kernel.routed_pairs(), 1), dim=kernel.intermediate)
+    return (
+        _grouped_gemm(kernel, gpu, 2 * kernel.intermediate, kernel.hidden, cfg, "fused_moe w13 (gate/up)"),
+        *decompose_rowwise(act, gpu),
+        _grouped_gemm(kernel, gpu, kernel.hidden, kernel.intermediate, cfg, "fused_moe w2 (down)"),
+    )

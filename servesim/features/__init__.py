@@ -1,0 +1,231 @@
+"""Per-pipeline demand features (SynPerf Table IV): per task, per SM (the busiest SM) and per GPU, plus the GPU's
+spec vector, and the roofline time they imply.
+
+Pipes are the Tensor, FMA and XU pipes (ops) and DRAM, L2 and shared memory (bytes); each pipe's cycles are its
+demand over its per-SM throughput (DRAM and L2 bandwidth shared evenly by the SMs). The busiest SM is the one
+with the most task cycles scheduled on it (lowest index on ties). ``theoretical_time_us`` is the slowest pipe's
+cycles on the busiest SM over the clock, summed over a kernel's launches: the roofline time of the SM-level view,
+against which the estimator learns efficiency = theoretical / measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rates_per_sm_per_cycle
+from servesim.decompose.gemm import (
+    GemmTiling,
+    dram_fraction,
+    full_tile_demand,
+    gemm_tiling,
+    scaled_mm_tiling,
+    tile_coords,
+    tile_demand,
+    total_demand,
+)
+from servesim.decompose.launch import LaunchConfig
+from servesim.errors import ServesimError
+from servesim.hardware import GpuSpec
+from servesim.kernels.types import Gemm, Kernel, ScaledMM
+from servesim.scheduler import Partition, schedule
+
+_PIPE_UNITS = {"tensor": "ops", "fma": "ops", "xu": "ops", "dram": "bytes", "l2": "bytes", "smem": "bytes"}
+DEMAND_FEATURES = tuple(
+    name
+    for p in PIPES
+    for name in (f"sm_{p}_{_PIPE_UNITS[p]}", f"sm_{p}_cycles", f"gpu_{p}_{_PIPE_UNITS[p]}", f"gpu_{p}_cycles")
+)
+SCHEDULE_FEATURES = ("num_tasks", "num_ctas", "ctas_per_sm", "waves", "sm_tasks_max", "sm_tasks_mean",
+                     "sm_busy_cycles_max", "sm_busy_cycles_mean", "imbalance")
+SPEC_FEATURES = ("spec_sm_count", "spec_clock_mhz", "spec_tensor_per_sm_cycle", "spec_fma_per_sm_cycle",
+                 "spec_xu_per_sm_cycle", "spec_dram_gbps", "spec_l2_gbps", "spec_l2_mib", "spec_smem_per_sm_kib")
+FEATURE_NAMES = (*DEMAND_FEATURES, *SCHEDULE_FEATURES, *SPEC_FEATURES, "theoretical_time_us")
+#: Features that add up over a kernel's launches.
+_ADDITIVE = (*DEMAND_FEATURES, "num_tasks", "num_ctas", "waves", "sm_tasks_max", "sm_tasks_mean",
+             "sm_busy_cycles_max", "sm_busy_cycles_mean", "theoretical_time_us")
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureMatrix:
+    """Features of a batch of kernels of one category: ``values[i, j]`` is feature ``names[j]`` of kernel i."""
+
+    names: tuple[str, ...]
+    values: np.ndarray
+
+    def column(self, name: str) -> np.ndarray:
+        return self.values[:, self.names.index(name)]
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {n: self.values[:, i] for i, n in enumerate(self.names)}
+
+
+def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
+    return {
+        "spec_sm_count": gpu.sm_count,
+        "spec_clock_mhz": gpu.sustained_clock_mhz,
+        "spec_tensor_per_sm_cycle": gpu.tensor_flops_per_sm_per_cycle.get(tensor_dtype, 0.0),
+        "spec_fma_per_sm_cycle": gpu.fma_flops_per_sm_per_cycle,
+        "spec_xu_per_sm_cycle": gpu.xu_ops_per_sm_per_cycle,
+        "spec_dram_gbps": gpu.dram_bandwidth_gbps,
+        "spec_l2_gbps": gpu.l2_bandwidth_gbps,
+        "spec_l2_mib": gpu.l2_cache_mib,
+        "spec_smem_per_sm_kib": gpu.smem_per_sm_kib,
+    }
+
+
+def _demand_features(sm: dict[str, np.ndarray], total: dict[str, np.ndarray], rates: dict[str, float],
+                     sm_count: int) -> dict[str, np.ndarray]:
+    out = {}
+    for p in PIPES:
+        unit = _PIPE_UNITS[p]
+        out[f"sm_{p}_{unit}"] = sm[p]
+        out[f"sm_{p}_cycles"] = sm[p] / rates[p]
+        out[f"gpu_{p}_{unit}"] = total[p]
+        out[f"gpu_{p}_cycles"] = total[p] / (rates[p] * sm_count)
+    return out
+
+
+def _roofline_us(features: dict[str, np.ndarray], gpu: GpuSpec) -> np.ndarray:
+    cycles = np.max(np.vstack([np.asarray(features[f"sm_{p}_cycles"], dtype=np.float64) for p in PIPES]), axis=0)
+    return cycles / gpu.sustained_clock_mhz
+
+
+def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[str, float]:
+    """Features of one scheduled launch."""
+    tasks = launch.tasks
+    rates = pipe_rates_per_sm_per_cycle(gpu, launch.tensor_dtype)
+    busy = partition.per_sm(tasks.duration_cycles)
+    busiest = int(np.argmax(busy)) if tasks.size else 0
+    sm = {p: np.array([partition.per_sm(tasks.demand[p])[busiest]]) for p in PIPES}
+    total = {p: np.array([tasks.demand[p].sum()]) for p in PIPES}
+    feats = {k: float(v[0]) for k, v in _demand_features(sm, total, rates, gpu.sm_count).items()}
+    counts = partition.tasks_per_sm()
+    feats.update(
+        num_tasks=tasks.size, num_ctas=launch.grid_ctas, ctas_per_sm=partition.ctas_per_sm,
+        waves=float(np.ceil(launch.grid_ctas / (gpu.sm_count * partition.ctas_per_sm))),
+        sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.mean()),
+        sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.mean()),
+    )
+    feats["theoretical_time_us"] = float(_roofline_us({k: np.array([v]) for k, v in feats.items()}, gpu)[0])
+    return feats
+
+
+def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
+    """A kernel's features from its launches': additive features summed, occupancy the lowest, spec appended."""
+    feats = {name: float(sum(f[name] for f in per_launch)) for name in _ADDITIVE}
+    feats["ctas_per_sm"] = float(min(f["ctas_per_sm"] for f in per_launch))
+    feats["imbalance"] = feats["sm_busy_cycles_max"] / feats["sm_busy_cycles_mean"] if feats["sm_busy_cycles_mean"] else 1.0
+    feats.update(spec_vector(gpu, tensor_dtype))
+    return feats
+
+
+@lru_cache(maxsize=65536)
+def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> tuple[float, ...]:
+    launches = decompose(kernel, gpu)
+    per_launch = [launch_features(launch, schedule(launch, gpu), gpu) for launch in launches]
+    feats = combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "")
+    return tuple(feats[n] for n in FEATURE_NAMES)
+
+
+_TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe")
+
+
+def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> np.ndarray:
+    """Closed form for GEMM-family batches: every tile lasts equally long, so the round-robin and static
+    persistent schedules put tile j on SM j mod sm_count and SM 0 is the busiest; its tiles are summed wave by
+    wave, vectorised over the batch."""
+    first = kernels[0]
+    m, n, k = (np.array([getattr(x, a) for x in kernels], dtype=np.int64) for a in ("m", "n", "k"))
+    if isinstance(first, ScaledMM):
+        t = scaled_mm_tiling(m, n, k, gpu, first)
+    else:
+        t = gemm_tiling(m, n, k, gpu, first.dtype, first.out_dtype)
+    sm_count = gpu.sm_count
+    rates = pipe_rates_per_sm_per_cycle(gpu, first.dtype)
+    tasks = t.num_tasks(m, n)
+    totals = total_demand(t, m, n, k, first.bias)
+    share = dram_fraction(np.array([x.bytes_moved() for x in kernels]), totals["l2"])
+    totals["xu"] = np.zeros(len(m))
+    totals["dram"] = totals["l2"] * share
+    sm = {p: np.zeros(len(m)) for p in PIPES}
+    for wave in range(int(-(-tasks.max() // sm_count))):
+        j = np.full_like(m, wave * sm_count)
+        valid = j < tasks
+        _, _, _, rows, cols, depth, last = tile_coords(np.where(valid, j, 0), m, n, k, t)
+        demand = tile_demand(t, rows, cols, depth, last, first.bias)
+        for p, v in demand.items():
+            sm[p] += np.where(valid, v, 0.0)
+    sm["dram"] = sm["l2"] * share
+    feats = _demand_features(sm, totals, rates, sm_count)
+    issued = full_tile_demand(t, np.ones_like(m))
+    issued["dram"] = issued["l2"] * share
+    tile_cycles = np.max(np.vstack([issued.get(p, np.zeros(len(m))) / rates[p] for p in PIPES]), axis=0)
+    threads = np.broadcast_to(np.asarray(t.threads), m.shape)
+    keys = np.column_stack([threads, t.smem_bytes])
+    ctas_per_sm = np.zeros(len(m))
+    for key in np.unique(keys, axis=0):
+        rows_of_key = np.all(keys == key, axis=1)
+        ctas_per_sm[rows_of_key] = occupancy(LaunchConfig(int(key[0]), t.registers, int(key[1])), gpu).ctas_per_sm
+    grid = np.minimum(tasks, sm_count * ctas_per_sm) if t.persistent else tasks
+    per_sm_max = -(-tasks // sm_count)
+    busy_max = per_sm_max * tile_cycles
+    busy_mean = tasks * tile_cycles / sm_count
+    feats.update(
+        num_tasks=tasks, num_ctas=grid, ctas_per_sm=ctas_per_sm, waves=np.ceil(grid / (sm_count * ctas_per_sm)),
+        sm_tasks_max=per_sm_max, sm_tasks_mean=tasks / sm_count, sm_busy_cycles_max=busy_max,
+        sm_busy_cycles_mean=busy_mean, imbalance=busy_max / busy_mean,
+    )
+    feats.update({name: np.full(len(m), value) for name, value in spec_vector(gpu, first.dtype).items()})
+    feats["theoretical_time_us"] = _roofline_us(feats, gpu)
+    return np.column_stack([np.asarray(feats[name], dtype=np.float64) for name in FEATURE_NAMES])
+
+
+def _gemm_group_key(kernel: Kernel) -> tuple:
+    if isinstance(kernel, ScaledMM):
+        return (kernel.dtype, kernel.out_dtype, kernel.bias, kernel.scale, kernel.block_n, kernel.block_k)
+    return (kernel.dtype, kernel.out_dtype, kernel.bias)
+
+
+def kernel_features(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
+    """Features of a batch of kernels of one category on ``gpu``: rows follow ``kernels``, columns
+    :data:`FEATURE_NAMES`. GEMM-family batches use the vectorised closed form; others decompose and schedule each
+    distinct kernel once (memoised)."""
+    if not kernels:
+        return FeatureMatrix(FEATURE_NAMES, np.zeros((0, len(FEATURE_NAMES))))
+    categories = {k.category for k in kernels}
+    if len(categories) > 1:
+        raise ServesimError(f"kernel_features takes one category at a time, got {', '.join(sorted(categories))}")
+    values = np.empty((len(kernels), len(FEATURE_NAMES)))
+    if categories <= {"gemm", "scaled_mm"}:
+        groups: dict[tuple, list[int]] = {}
+        for i, kernel in enumerate(kernels):
+            groups.setdefault(_gemm_group_key(kernel), []).append(i)
+        for rows in groups.values():
+            values[rows] = _gemm_family_features([kernels[i] for i in rows], gpu)
+    else:
+        for i, kernel in enumerate(kernels):
+            values[i] = _kernel_features_cached(kernel, gpu)
+    return FeatureMatrix(FEATURE_NAMES, values)
+
+
+def features_of(kernel: Kernel, gpu: GpuSpec) -> dict[str, float]:
+    """One kernel's features through decomposition and scheduling (the explain path)."""
+    return dict(zip(FEATURE_NAMES, _kernel_features_cached(kernel, gpu)))
+
+
+def roofline_time_us(kernel: Kernel, gpu: GpuSpec) -> float:
+    """The slowest pipe's cycles on the busiest SM over the clock, in µs (summed over the kernel's launches)."""
+    return features_of(kernel, gpu)["theoretical_time_us"]
+
+
+def pipe_times_us(features: dict[str, float], gpu: GpuSpec) -> dict[str, float]:
+    """Each pipe's busiest-SM time alone, in µs."""
+    return {p: features[f"sm_{p}_cycles"] / gpu.sustained_clock_mhz for p in PIPES}
+
+
+__all__ = ["FEATURE_NAMES", "FeatureMatrix", "features_of", "kernel_features", "launch_features", "pipe_times_us",
+           "roofline_time_us", "spec_vector"]

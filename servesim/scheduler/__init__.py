@@ -1,0 +1,89 @@
+"""SynPerf's M(T, S): which SM runs each task.
+
+* Hardware round-robin (classic grids): CTAs are dispatched in launch order, one per SM per round until every SM
+  holds ``ctas_per_sm``; afterwards each freed slot takes the next CTA. A task's duration is its theoretical
+  cycles. Equal durations make this exactly ``task mod sm_count``, which is used without simulating.
+* MinHeap (persistent attention, FlashInfer's SM90 plan and FA3's dynamic tile scheduler): work units, longest
+  first, each go to the CTA with the least accumulated work.
+* Static persistent (Hopper GEMM tile scheduler): tile t to CTA t mod grid.
+
+Persistent CTAs fit in one wave (grid <= SMs x occupancy), so CTA c lives on SM c mod sm_count.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.decompose.launch import MIN_HEAP, ROUND_ROBIN, STATIC_PERSISTENT, Launch, occupancy
+from servesim.hardware import GpuSpec
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """The per-SM partition of one launch's tasks."""
+
+    sm_of_task: np.ndarray  # (n_tasks,) int
+    sm_count: int
+    ctas_per_sm: int
+
+    def tasks_per_sm(self) -> np.ndarray:
+        return np.bincount(self.sm_of_task, minlength=self.sm_count)
+
+    def per_sm(self, values: np.ndarray) -> np.ndarray:
+        """Sum of a per-task quantity on each SM."""
+        return np.bincount(self.sm_of_task, weights=values, minlength=self.sm_count)
+
+
+def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -> np.ndarray:
+    """SM of each task under the hardware block scheduler (ties: earliest slot round first, then lowest SM)."""
+    n = len(duration_cycles)
+    if n == 0 or np.all(duration_cycles == duration_cycles[0]):
+        return np.arange(n) % sm_count
+    slots = sm_count * ctas_per_sm
+    sm = np.empty(n, dtype=np.int64)
+    first = min(n, slots)
+    sm[:first] = np.arange(first) % sm_count
+    heap = [(float(duration_cycles[j]), j // sm_count, j % sm_count) for j in range(first)]
+    heapq.heapify(heap)
+    for j in range(first, n):
+        finish, slot, s = heapq.heappop(heap)
+        sm[j] = s
+        heapq.heappush(heap, (finish + float(duration_cycles[j]), slot, s))
+    return sm
+
+
+def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
+    """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index)."""
+    cta = np.empty(len(duration_cycles), dtype=np.int64)
+    heap = [(0.0, c) for c in range(max(grid_ctas, 1))]
+    for j in np.argsort(-duration_cycles, kind="stable"):
+        load, c = heapq.heappop(heap)
+        cta[j] = c
+        heapq.heappush(heap, (load + float(duration_cycles[j]), c))
+    return cta
+
+
+def static_persistent(n_tasks: int, grid_ctas: int) -> np.ndarray:
+    """CTA of each tile under a static persistent raster: tile t to CTA t mod grid."""
+    return np.arange(n_tasks) % max(grid_ctas, 1)
+
+
+def schedule(launch: Launch, gpu: GpuSpec) -> Partition:
+    """Partition ``launch``'s tasks over ``gpu``'s SMs by the launch's policy."""
+    ctas_per_sm = occupancy(launch.config, gpu).ctas_per_sm
+    durations = launch.tasks.duration_cycles
+    if launch.policy == ROUND_ROBIN:
+        sm = round_robin(durations, gpu.sm_count, ctas_per_sm)
+    elif launch.policy == MIN_HEAP:
+        sm = min_heap(durations, launch.grid_ctas) % gpu.sm_count
+    elif launch.policy == STATIC_PERSISTENT:
+        sm = static_persistent(len(durations), launch.grid_ctas) % gpu.sm_count
+    else:
+        raise ValueError(f"unknown scheduling policy {launch.policy!r}")
+    return Partition(sm, gpu.sm_count, ctas_per_sm)
+
+
+__all__ = ["Partition", "min_heap", "round_robin", "schedule", "static_persistent"]

@@ -1,0 +1,70 @@
+"""SM scheduling: every task placed exactly once, round-robin and MinHeap behaving as the hardware and the
+persistent kernels do."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servesim.decompose import decompose
+from servesim.hardware import get_gpu
+from servesim.kernels.types import AttentionPrefill, Gemm
+from servesim.scheduler import min_heap, round_robin, schedule
+
+H100, A100 = get_gpu("H100-SXM"), get_gpu("A100-SXM-80GB")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0, 1e6), max_size=300), st.integers(1, 16), st.integers(1, 4))
+def test_round_robin_places_every_task_once_on_a_real_sm(durations, sm_count, ctas_per_sm):
+    sm = round_robin(np.array(durations), sm_count, ctas_per_sm)
+    assert len(sm) == len(durations) and (len(sm) == 0 or (sm.min() >= 0 and sm.max() < sm_count))
+
+
+def test_round_robin_first_rounds_one_cta_per_sm_then_freed_slots():
+    sm = round_robin(np.array([5.0, 1.0, 9.0, 2.0, 1.0, 1.0]), sm_count=3, ctas_per_sm=1)
+    # tasks 0..2 on SMs 0..2; SM 1 frees at t=1, 3 and 4, each time before SM 0 (t=5), so it takes tasks 3..5
+    assert sm.tolist() == [0, 1, 2, 1, 1, 1]
+
+
+def test_equal_tasks_round_robin_is_modulo_sm_count():
+    assert round_robin(np.full(10, 7.0), 4, 2).tolist() == [j % 4 for j in range(10)]
+
+
+def test_min_heap_balances_longest_first():
+    cta = min_heap(np.array([1.0, 8.0, 3.0, 4.0, 4.0]), 2)
+    loads = np.bincount(cta, weights=[1.0, 8.0, 3.0, 4.0, 4.0], minlength=2)
+    # longest first: 8 -> CTA 0, 4 and 4 -> CTA 1, 3 -> CTA 0 (tie, lowest index), 1 -> CTA 1
+    assert loads.tolist() == [11.0, 9.0]
+    assert cta[1] == 0  # the longest unit goes to the first CTA
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0.1, 100), min_size=1, max_size=200), st.integers(1, 20))
+def test_min_heap_covers_every_task_once_within_lpt_bound(durations, ctas):
+    d = np.array(durations)
+    cta = min_heap(d, ctas)
+    loads = np.bincount(cta, weights=d, minlength=ctas)
+    assert len(cta) == len(d) and cta.max() < ctas
+    assert loads.max() <= d.sum() / ctas + d.max() + 1e-9  # list scheduling bound
+
+
+def test_partitions_cover_every_task_exactly_once():
+    kernels = [Gemm(m=1000, n=3000, k=1000),
+               AttentionPrefill(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8,
+                                head_dim=128, backend="fa2"),
+               AttentionPrefill(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8,
+                                head_dim=128, backend="fa3")]
+    for kernel in kernels:
+        for gpu in (H100, A100):
+            for launch in decompose(kernel, gpu):
+                part = schedule(launch, gpu)
+                assert part.tasks_per_sm().sum() == launch.tasks.size
+                assert part.per_sm(launch.tasks.demand["tensor"]).sum() == launch.tasks.demand["tensor"].sum()
+
+
+def test_causal_prefill_busiest_sm_works_above_the_mean():
+    kernel = AttentionPrefill(query_lens=(4096,), kv_lens=(4096,), num_heads=8, num_kv_heads=8, head_dim=128,
+                              backend="fa2")
+    (launch,) = decompose(kernel, A100)
+    busy = schedule(launch, A100).per_sm(launch.tasks.duration_cycles)
+    assert busy.max() > 1.05 * busy.mean()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from servesim.comm import allreduce_implementation, collective_time_us
+from servesim.comm import allreduce_implementation, collective_time_us, topology_of
 from servesim.comm.evaluate import seen_errors
 from servesim.comm.measurements import load_table
 from servesim.errors import ServesimError
@@ -72,6 +72,22 @@ def test_pcie_only_gpu_never_gets_custom_all_reduce(pcie_gpu):
         assert set(allreduce_implementation("sglang", pcie_gpu, group_size, SIZES)) == {"nccl"}
     with pytest.raises(ServesimError, match="NVLink"):
         collective_time_us("all_reduce", MIB, 4, pcie_gpu, implementation="custom_graph")
+
+
+def test_pcie_server_keeps_most_of_its_bandwidth_beyond_a_pair(pcie_gpu):
+    # The measured L40S server loses 16x of its bus bandwidth from 2 to 8 GPUs because its peer traffic crosses the
+    # CPU root complex (servesim/comm/systems.py); a PCIe server known only by its spec sheet is not assumed to.
+    message_bytes = 256 * MIB
+    bus_gbps = {n: message_bytes * (n - 1) / n / collective_time_us("all_gather", message_bytes, n, pcie_gpu) / 1e3
+                for n in (2, 8)}
+    assert bus_gbps[8] > bus_gbps[2] / 4
+
+
+def test_topology_from_the_spec_sheet(h100):
+    a100 = get_gpu("A100-SXM-80GB")
+    assert topology_of(h100, 8).nvlink_sharp and not topology_of(a100, 8).nvlink_sharp
+    assert topology_of(get_gpu("GB200"), 4).domain_gpus == 72
+    assert not any(topology_of(get_gpu(name), n).p2p_via_cpu for name in ("L40S", "H100") for n in (2, 4, 8))
 
 
 def test_groups_spanning_servers_use_nccl(h100):

@@ -1,11 +1,15 @@
 """Collective latency: alpha-beta physics times a random-forest correction learned from measurements.
 
-The forest predicts ``log(measured / analytical)`` from the message size, the group, the links (bandwidth, NVLink,
-full connectivity, PCIe, network, architecture) and the analytical terms themselves, so a GPU never measured is
-predicted from its interconnect figures. For one configuration the prediction is a curve over a fixed grid of
+The forest predicts ``log(measured / analytical)`` from the message size, the group and what its links physically
+are (NVLink bandwidth, full connectivity, in-switch reduction, NVLink domain size, PCIe peer traffic through the
+CPU, network) and the analytical terms themselves, so a GPU never measured is predicted from its interconnect
+figures. Figures that only name a product (architecture, PCIe bandwidth of an NVLink server) are left out: the
+forest would use them to copy a look-alike system (an A100 taken for the PCIe Gen4 L40S) rather than to generalise.
+One forest per timing harness, each fitted on that harness's rows only, so Python-timed rows never bend the
+kernel-timed predictions a user gets. For one configuration the prediction is a curve over a fixed grid of
 message sizes, made non-decreasing and interpolated in log-log space: latency never falls as messages grow.
 
-The forest is fitted on first use from the shipped measurement table and cached as plain arrays under the user
+The forests are fitted on first use from the shipped measurement table and cached as plain arrays under the user
 cache directory, keyed by the table's digest and :data:`MODEL_VERSION`.
 """
 
@@ -26,14 +30,14 @@ from servesim.comm.systems import HARNESSES, MEASURED_SYSTEMS
 from servesim.comm.topology import GroupTopology, group_topology
 
 #: Bump when features, targets or forest settings change: it invalidates cached forests.
-MODEL_VERSION = "comm-1"
+MODEL_VERSION = "comm-2"
 #: Message-size grid of the prediction curves: 2^6 B to 2^32 B in quarter octaves.
 GRID_LOG2_BYTES = np.arange(6.0, 32.0 + 1e-9, 0.25)
 
 
-def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.ndarray, topo: GroupTopology,
-                   harness: str = HARNESSES[0]) -> tuple[np.ndarray, np.ndarray]:
-    """(features rows x 17, analytical time µs) of one configuration over many message sizes."""
+def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.ndarray,
+                   topo: GroupTopology) -> tuple[np.ndarray, np.ndarray]:
+    """(features rows x 18, analytical time µs) of one configuration over many message sizes."""
     size = np.asarray(message_bytes, dtype=float)
     latency, bandwidth, algorithm = alpha_beta_us(op, implementation, size, topo)
     analytical = LAUNCH_US[implementation] + latency + bandwidth
@@ -46,16 +50,17 @@ def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.
         topo.group_size * constant,
         topo.nodes * constant,
         np.log2(topo.link_bandwidth_gbps) * constant,
-        np.log2(topo.pcie_bandwidth_gbps) * constant,
         float(topo.nvlink) * constant,
         float(topo.fully_connected) * constant,
-        topo.architecture_ordinal * constant,
+        float(topo.nvlink_sharp) * constant,
+        np.log2(topo.domain_gpus) * constant,
+        float(topo.p2p_via_cpu) * constant,
         np.log2(1.0 + topo.inter_node_bandwidth_gbps) * constant,
         np.log2(analytical),
         np.log2(latency),
         np.log2(bandwidth),
+        np.log2(bandwidth / latency),
         algorithm.astype(float),
-        HARNESSES.index(harness) * constant,
     ]
     return np.column_stack(columns), analytical
 
@@ -71,36 +76,39 @@ def _configurations(table: MeasurementTable):
         yield rows, OPS[op], IMPLEMENTATIONS[impl], ENGINE_CODES[engine], topo, measured.harness
 
 
-def training_arrays(table: MeasurementTable) -> tuple[np.ndarray, np.ndarray]:
-    """(features, log of measured/analytical) of every row of ``table``."""
-    features, targets = [], []
+def training_arrays(table: MeasurementTable) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per timing harness measured in ``table``: (features, log of measured/analytical) of its rows."""
+    arrays: dict[str, tuple[list, list]] = {}
     for rows, op, impl, engine, topo, harness in _configurations(table):
-        x, analytical = feature_matrix(op, impl, engine, table.message_bytes[rows], topo, harness)
+        x, analytical = feature_matrix(op, impl, engine, table.message_bytes[rows], topo)
+        features, targets = arrays.setdefault(harness, ([], []))
         features.append(x)
         targets.append(np.log(table.latency_us[rows] / analytical))
-    return np.vstack(features), np.concatenate(targets)
+    return {harness: (np.vstack(x), np.concatenate(y)) for harness, (x, y) in arrays.items()}
 
 
 @dataclass(frozen=True, eq=False)
 class CommModel:
-    """A fitted correction forest and the prediction curves computed from it so far."""
+    """A fitted correction forest per timing harness and the prediction curves computed from them so far."""
 
-    forest: PortableForest
+    forests: dict[str, PortableForest]
     _curves: dict = field(default_factory=dict, repr=False)
 
     def curve_us(self, op: str, implementation: str, engine: str, topo: GroupTopology,
                  harness: str = HARNESSES[0]) -> np.ndarray:
         """Non-decreasing latency (µs) over :data:`GRID_LOG2_BYTES` for one configuration.
 
-        The forest's log-latencies are fitted with an isotonic (pool-adjacent-violators) regression rather than
+        A harness with no measurements of its own is predicted as kernel-timed (nccl-tests). The forest's
+        log-latencies are fitted with an isotonic (pool-adjacent-violators) regression rather than
         a running maximum, so one noisy grid point is averaged away instead of lifting every larger size.
         """
         from sklearn.isotonic import isotonic_regression
 
         key = (op, implementation, engine if implementation != "nccl" else "", topo, harness)
         if key not in self._curves:
-            x, analytical = feature_matrix(op, implementation, engine, 2.0**GRID_LOG2_BYTES, topo, harness)
-            log_latency = np.log(analytical) + self.forest.predict(x)
+            x, analytical = feature_matrix(op, implementation, engine, 2.0**GRID_LOG2_BYTES, topo)
+            forest = self.forests.get(harness, self.forests[HARNESSES[0]])
+            log_latency = np.log(analytical) + forest.predict(x)
             self._curves[key] = np.exp(isotonic_regression(log_latency, increasing=True))
         return self._curves[key]
 
@@ -127,8 +135,7 @@ class CommModel:
 
 
 def fit_model(table: MeasurementTable, seed: int = 0) -> CommModel:
-    features, target = training_arrays(table)
-    return CommModel(fit_forest(features, target, seed))
+    return CommModel({harness: fit_forest(x, y, seed) for harness, (x, y) in training_arrays(table).items()})
 
 
 def cache_dir() -> Path:
@@ -150,16 +157,21 @@ def _store(forest: PortableForest, path: Path) -> None:
         pass
 
 
+def _cache_path(digest: str, harness: str) -> Path:
+    return cache_dir() / f"comm-forest-{MODEL_VERSION}-{digest}-h{HARNESSES.index(harness)}.npz"
+
+
 @functools.cache
 def default_model() -> CommModel:
     """The model fitted on every shipped measurement, from the cache when it is there."""
     table = load_table()
-    path = cache_dir() / f"comm-forest-{MODEL_VERSION}-{table.digest}.npz"
-    if path.exists():
-        try:
-            return CommModel(PortableForest.load(path))
-        except (OSError, ValueError, KeyError):
-            pass
+    harnesses = sorted({MEASURED_SYSTEMS[name].harness for name in table.systems}, key=HARNESSES.index)
+    paths = {harness: _cache_path(table.digest, harness) for harness in harnesses}
+    try:
+        return CommModel({harness: PortableForest.load(path) for harness, path in paths.items()})
+    except (OSError, ValueError, KeyError):
+        pass
     model = fit_model(table)
-    _store(model.forest, path)
+    for harness, path in paths.items():
+        _store(model.forests[harness], path)
     return model

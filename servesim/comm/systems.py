@@ -19,6 +19,12 @@ _VIDUR = "torch.distributed"
 #: made for the first.
 HARNESSES = ("nccl-tests", _VIDUR)
 
+#: Why the measured L40S server is described as routing peer traffic through the CPU: on it every kernel's bus
+#: bandwidth collapses beyond a pair (NCCL all-gather 20, 4.7 and 1.2 GB/s on 2, 4 and 8 GPUs; the engines' P2P
+#: custom all-reduce likewise), while SGLang 0.5.12's custom all-reduce table of another L40S server in
+#: aiconfigurator-core (comm/sglang/0.5.12) runs 8 GPUs at about ten times that, as PCIe switches allow.
+_L40S_P2P_VIA_CPU = "peer traffic beyond a pair through the CPU root complex (4- and 8-GPU bus bandwidth collapse)"
+
 
 @dataclass(frozen=True)
 class MeasuredSystem:
@@ -57,9 +63,9 @@ MEASURED_SYSTEMS: dict[str, MeasuredSystem] = {
         _system("gb300", "GB300", _AIC.format("gb300") + "; NVL72: one NVLink domain of 72 GPUs",
                 architecture="blackwell", nvlink_unidir_bandwidth_gbps=900, nvswitch=True, pcie_gen=5,
                 pcie_unidir_bandwidth_gbps=64, gpus_per_node=72, inter_node_bandwidth_gbps=900),
-        _system("l40s", "L40S", _AIC.format("l40s") + "; no NVLink",
+        _system("l40s", "L40S", _AIC.format("l40s") + "; no NVLink; " + _L40S_P2P_VIA_CPU,
                 architecture="ada", nvlink_unidir_bandwidth_gbps=0, nvswitch=False, pcie_gen=4,
-                pcie_unidir_bandwidth_gbps=32, gpus_per_node=8, inter_node_bandwidth_gbps=50),
+                pcie_unidir_bandwidth_gbps=32, gpus_per_node=8, inter_node_bandwidth_gbps=50, pcie_p2p_via_cpu=True),
         _system("rtx_pro_6000_server", "RTX-PRO-6000", _AIC.format("rtx_pro_6000_server") + "; no NVLink",
                 architecture="blackwell", nvlink_unidir_bandwidth_gbps=0, nvswitch=False, pcie_gen=5,
                 pcie_unidir_bandwidth_gbps=64, gpus_per_node=8, inter_node_bandwidth_gbps=50),

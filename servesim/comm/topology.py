@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from servesim.errors import ServesimError
 from servesim.hardware.spec import GpuSpec
 
-#: Ordinal of each architecture: a feature that lets the forest tell link-latency generations apart.
-ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
+#: Architectures whose NVSwitch (third generation on) reduces in the switch (NVLink SHARP, NCCL's NVLS algorithm).
+NVLINK_SHARP_ARCHITECTURES = ("hopper", "blackwell")
 
 #: Per-GPU network bandwidth between servers (GB/s, one direction) assumed when the spec sheet gives none: one
 #: 200 Gb/s HDR NIC per GPU on Ampere servers (DGX A100), one 400 Gb/s NDR NIC per GPU after (DGX H100/B200).
@@ -27,7 +27,10 @@ class Interconnect:
 
     ``nvswitch`` means every GPU of the NVLink domain reaches every other at full NVLink bandwidth; NVLink
     without it is a bridge between pairs (A100 PCIe, H100 NVL, A40), so larger groups cross PCIe.
-    ``gpus_per_node`` is the NVLink/PCIe domain size (72 for an NVL72 rack).
+    ``gpus_per_node`` is the NVLink/PCIe domain size (72 for an NVL72 rack). ``pcie_p2p_via_cpu`` says that
+    peer traffic between more than a pair of PCIe GPUs is routed through the CPU root complex rather than PCIe
+    switches; a spec sheet never says so (it is a property of the server board), so it is False for predictions
+    and set only for a measured server shown to behave so (see ``systems.py``).
     """
 
     architecture: str
@@ -37,6 +40,7 @@ class Interconnect:
     pcie_unidir_bandwidth_gbps: float
     gpus_per_node: int
     inter_node_bandwidth_gbps: float
+    pcie_p2p_via_cpu: bool = False
 
     @classmethod
     def from_gpu(cls, gpu: GpuSpec, inter_node_bandwidth_gbps: float | None = None) -> "Interconnect":
@@ -59,7 +63,9 @@ class GroupTopology:
 
     ``link_bandwidth_gbps`` is the per-GPU bandwidth of the slowest hop a ring inside one server takes;
     ``nvlink`` says that hop is NVLink; ``fully_connected`` that every pair of the group talks over NVLink (the
-    condition the engines' custom all-reduce needs for more than two GPUs).
+    condition the engines' custom all-reduce needs for more than two GPUs); ``nvlink_sharp`` that the switch can
+    reduce in-network; ``domain_gpus`` is the size of the NVLink (or PCIe) domain the group lives in;
+    ``p2p_via_cpu`` that the group's PCIe peer traffic crosses the CPU root complex.
     """
 
     group_size: int
@@ -71,10 +77,9 @@ class GroupTopology:
     pcie_gen: int
     pcie_bandwidth_gbps: float
     inter_node_bandwidth_gbps: float
-
-    @property
-    def architecture_ordinal(self) -> int:
-        return ARCHITECTURES.index(self.architecture) if self.architecture in ARCHITECTURES else len(ARCHITECTURES)
+    nvlink_sharp: bool = False
+    domain_gpus: int = 8
+    p2p_via_cpu: bool = False
 
 
 def group_topology(interconnect: Interconnect, group_size: int, nodes: int | None = None) -> GroupTopology:
@@ -97,4 +102,7 @@ def group_topology(interconnect: Interconnect, group_size: int, nodes: int | Non
         pcie_gen=interconnect.pcie_gen,
         pcie_bandwidth_gbps=float(interconnect.pcie_unidir_bandwidth_gbps),
         inter_node_bandwidth_gbps=float(interconnect.inter_node_bandwidth_gbps) if nodes > 1 else 0.0,
+        nvlink_sharp=nvlink_path and interconnect.nvswitch and interconnect.architecture in NVLINK_SHARP_ARCHITECTURES,
+        domain_gpus=interconnect.gpus_per_node,
+        p2p_via_cpu=interconnect.pcie_p2p_via_cpu and not nvlink_path and per_node > 2,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective
 from servesim.models import get_model
 
 H100 = get_gpu("H100")
-AMPERE = replace(H100, name="ampere-test", architecture="ampere", tensor_flops_per_sm_per_cycle={"bf16": 1024.0})
+AMPERE = get_gpu("A100")
 LLAMA70 = get_model("llama3-70b")
 QWEN_MOE = get_model("qwen3-30b-a3b")
 BIG_PREFILL = parse_batch("prefill:1500, prefill:700+300, decode:40x2000")  # 2240 tokens: eager in both engines
@@ -183,7 +182,7 @@ def test_engines_differ_where_the_engines_differ():
 
 
 def test_vllm_flashinfer_runs_decodes_and_prefills_as_two_kernels():
-    blackwell = replace(H100, name="blackwell-test", architecture="blackwell")
+    blackwell = get_gpu("B200")
     step = expand("vllm", LLAMA70, blackwell, parse_batch("prefill:600, decode:8x100"), tp=4)
     attn = [k for k in step.layer_ops(1) if isinstance(k, (AttentionPrefill, AttentionDecode))]
     assert [type(k) for k in attn] == [AttentionDecode, AttentionPrefill]
@@ -195,10 +194,24 @@ def test_all_reduce_uses_custom_ar_for_small_messages_on_nvswitch():
     assert {c.op.implementation for c in decode.collectives if c.op.op == "all_reduce"} == {"custom_ar"}
     prefill = expand("vllm", LLAMA70, H100, parse_batch("prefill:4096"), tp=4)  # 64 MiB per all-reduce
     assert {c.op.implementation for c in prefill.collectives if c.op.op == "all_reduce"} == {"nccl"}
-    pcie = replace(H100, name="pcie-test", nvswitch=False, nvlink_unidir_bandwidth_gbps=0.0)
-    for tp, impl in ((2, "custom_ar"), (4, "nccl")):
-        step = expand("sglang", LLAMA70, pcie, parse_batch("decode:64x1000"), tp=tp)
+    # PCIe-only parts never take the custom kernel (P2P is not on the spec sheet); NVLink-bridged pairs do.
+    for gpu, tp, impl in ((get_gpu("L40S"), 2, "nccl"), (get_gpu("L40S"), 4, "nccl"), (get_gpu("A40"), 2, "custom_ar")):
+        step = expand("sglang", LLAMA70, gpu, parse_batch("decode:64x1000"), tp=tp)
         assert {c.op.implementation for c in step.collectives if c.op.op == "all_reduce"} == {impl}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("gpu_name,tp", [("H100", 8), ("H100", 2), ("B200", 4), ("A100", 8), ("L40S", 2)])
+def test_expanded_all_reduce_choice_agrees_with_the_communication_model(engine, gpu_name, tp):
+    from servesim.comm import allreduce_implementation
+
+    gpu = get_gpu(gpu_name)
+    for batch in ("decode:1x100", "decode:64x1000", "prefill:512", "prefill:4096"):
+        step = expand(engine, LLAMA70, gpu, parse_batch(batch), tp=tp)
+        for s in step.collectives:
+            if s.op.op == "all_reduce":
+                expected = allreduce_implementation(engine, gpu, tp, s.op.bytes)
+                assert (s.op.implementation == "custom_ar") == expected.startswith("custom"), (batch, s.op.bytes)
 
 
 @pytest.mark.parametrize("dtype,scale", [("fp8", "tensor"), ("fp8-block", "block")])

@@ -15,7 +15,6 @@ from typing import Mapping
 from servesim.errors import ServesimError, suggest
 from servesim.hardware.spec import GpuSpec
 
-MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -27,15 +26,25 @@ class GpuTraits:
     nvswitch: bool
     gpus_per_node: int
     memory_gib: float
+    custom_ar_limit_bytes: int  # all-reduces strictly smaller take the custom kernel; 0 when it is never used
 
 
-def gpu_traits(gpu: GpuSpec) -> GpuTraits:
+def gpu_traits(gpu: GpuSpec, engine: str, tp: int) -> GpuTraits:
+    """The traits of ``gpu`` for ``engine`` at tensor-parallel size ``tp``."""
+    from servesim.comm import topology_of
+    from servesim.comm.selection import custom_ar_max_bytes, custom_ar_supported
+
+    limit = 0
+    if tp > 1:
+        topo = topology_of(gpu, tp)
+        limit = custom_ar_max_bytes(engine, topo) if custom_ar_supported(topo) else 0
     return GpuTraits(
         architecture=gpu.architecture,
         fp8_tensor_cores=gpu.tensor_flops_per_sm_per_cycle.get("fp8", 0) > 0,
         nvswitch=bool(gpu.nvswitch),
         gpus_per_node=gpu.gpus_per_node,
         memory_gib=gpu.memory_gib,
+        custom_ar_limit_bytes=int(limit),
     )
 
 
@@ -77,8 +86,6 @@ class EngineConfig:
     name: str
     version: str
     attention_backends: Mapping[str, str]  # GPU architecture -> default attention backend
-    custom_ar_max_bytes: int = 8 * MiB  # both engines' CustomAllreduce buffer (max_size)
-    custom_ar_world_sizes: tuple[int, ...] = (2, 4, 6, 8)
     #: vLLM's FlashInfer backend runs a mixed batch's decodes and prefills as two wrappers (decode and prefill).
     splits_mixed_attention: tuple[str, ...] = ()
     #: SGLang's FlashInfer extend: new tokens against themselves (ragged, causal) plus against the cached prefix
@@ -114,15 +121,13 @@ class EngineConfig:
     def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
         raise NotImplementedError
 
-    def all_reduce_impl(self, nbytes: int, tp: int, gpu: GpuTraits) -> str:
+    def all_reduce_impl(self, nbytes: int, gpu: GpuTraits) -> str:
         """``custom_ar`` when the engine's CustomAllreduce takes the message, else ``nccl``.
 
-        Both engines enable it for 2, 4, 6 or 8 GPUs of one node whose every pair is NVLink-connected (an NVSwitch
-        node) or, for exactly two GPUs, P2P-capable; a message must be under the buffer size.
+        The rule (which groups the engine enables it for, and its size limit) is the communication model's
+        (servesim/comm/selection.py), folded into ``gpu.custom_ar_limit_bytes`` so both always agree.
         """
-        connected = gpu.nvswitch or tp == 2
-        usable = tp in self.custom_ar_world_sizes and tp <= gpu.gpus_per_node and connected
-        return "custom_ar" if usable and nbytes < self.custom_ar_max_bytes else "nccl"
+        return "custom_ar" if nbytes < gpu.custom_ar_limit_bytes else "nccl"
 
 
 @dataclass(frozen=True, eq=False)  # keeps EngineConfig's hash (name, version)

@@ -133,7 +133,7 @@ class _Ctx:
         if self.tp == 1:
             return []
         nbytes = int(self.tokens * self.model.hidden_size * dtype_bytes(self.act))
-        impl = self.engine.all_reduce_impl(nbytes, self.tp, self.gpu)
+        impl = self.engine.all_reduce_impl(nbytes, self.gpu)
         collective = Collective(
             op="all_reduce", bytes=nbytes, group_size=self.tp, implementation=impl, dtype=self.act, name=name
         )
@@ -340,7 +340,7 @@ def expand(
     if dtype not in WEIGHT_DTYPES:
         raise ServesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     check_parallelism(model, tp, pp, stage)
-    traits = gpu_traits(gpu)
+    traits = gpu_traits(gpu, config.name, tp)
     if dtype.startswith("fp8") and not traits.fp8_tensor_cores:
         raise ServesimError(
             f"{gpu.name} has no FP8 Tensor cores, so the engines cannot run W8A8 on it (they fall back to "

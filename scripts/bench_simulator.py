@@ -1,0 +1,70 @@
+"""Simulator speed, and the error of its step-time approximation (representative batches, docs/serving.md).
+
+    .venv/bin/python scripts/bench_simulator.py [--requests 10000] [--engine vllm]
+
+Simulates splitwise-conv requests (the trace's own arrival rate) for llama3-8b on one H100 with a cold step-time
+model, then again with the warm one (as a capacity search reuses it), and prints requests simulated per second.
+Then compares, on a sample of the steps, the representative-batch time with the exact batch's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import numpy as np
+
+from servesim.estimator import get_estimator
+from servesim.hardware import get_gpu
+from servesim.models import get_model
+from servesim.models.parallel import Parallelism
+from servesim.serving import simulator
+from servesim.serving.config import default_engine_config
+from servesim.serving.step_time import StepTimeModel
+from servesim.workloads import build_workload
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
+    parser.add_argument("--sample", type=float, default=0.02, help="Fraction of steps checked against exact times.")
+    args = parser.parse_args()
+    model, gpu, par = get_model("llama3-8b"), get_gpu("H100"), Parallelism(1, 1)
+    cfg = default_engine_config(args.engine, gpu, par)
+    workload = build_workload("splitwise-conv", args.requests, seed=0)
+    step_model = StepTimeModel(args.engine, model, gpu, par, get_estimator("roofline"))
+    for label in ("cold", "warm"):
+        start = time.perf_counter()
+        result = simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model)
+        elapsed = time.perf_counter() - start
+        print(f"{label}: {len(workload):,} requests, {len(result.steps.start_s):,} steps, simulated "
+              f"{result.duration_s:,.0f} s of serving in {elapsed:.2f} s -> {len(workload) / elapsed:,.0f} requests/s, "
+              f"{len(result.steps.start_s) / elapsed:,.0f} steps/s; "
+              f"{step_model.step_time_us.cache_info().currsize:,} distinct batches timed")
+
+    sampled, approximate = [], simulator.step_time_us
+    rng = random.Random(0)
+
+    def recording(model_, step):
+        times = approximate(model_, step)
+        if rng.random() < args.sample:
+            sampled.append((step.batch(), times))
+        return times
+
+    simulator.step_time_us = recording
+    simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model)
+    for kind in ("decode-only", "with prefill"):
+        errors = []
+        for batch, (overhead_us, stages_us) in sampled:
+            if (kind == "decode-only") == batch.is_decode_only:
+                exact = step_model.step_time_us(batch).latency_us
+                errors.append((overhead_us + sum(stages_us) - exact) / exact * 100)
+        errors = np.array(errors)
+        print(f"{kind} steps: {len(errors)} sampled, step-time error mean {errors.mean():+.2f} %, "
+              f"mean |error| {np.abs(errors).mean():.2f} %, max |error| {np.abs(errors).max():.2f} %")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""``servesim simulate`` (serve a workload, benchmark-style metrics) and ``servesim latency`` (one fixed batch,
+like ``vllm bench latency``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from servesim.cli.output import Column, emit, output_format_options
+from servesim.errors import ServesimError
+
+LATENCY_COLUMNS = (
+    Column("metric", "metric", align="<"),
+    Column("mean", "mean", ",.2f"),
+    Column("p50", "p50", ",.2f"),
+    Column("p90", "p90", ",.2f"),
+    Column("p99", "p99", ",.2f"),
+)
+METRICS = (("queue", "queue (ms)"), ("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"),
+           ("tpot_incl", "TPOT incl. 1st token (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)"))
+
+
+def _engine_options(func):
+    for option in reversed((
+        click.option("--model", "model_ref", required=True, help="Preset name, config.json path or Hugging Face id."),
+        click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'."),
+        click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), help="Tensor-parallel size."),
+        click.option("--pp", default=1, show_default=True, type=click.IntRange(min=1), help="Pipeline stages."),
+        click.option("--engine", type=click.Choice(("vllm", "sglang")), default="vllm", show_default=True),
+        click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 or fp8-block."),
+        click.option("--estimator", default="roofline", show_default=True, help="Kernel time estimator."),
+        click.option("--max-num-seqs", type=click.IntRange(min=1), default=None,
+                     help="vLLM max_num_seqs / SGLang max_running_requests [default: the engine's]."),
+        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,
+                     help="vLLM token budget per step / SGLang chunked_prefill_size [default: the engine's]."),
+        click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+                     help="vLLM gpu_memory_utilization / SGLang mem_fraction_static [default: the engine's]."),
+    )):
+        func = option(func)
+    return func
+
+
+def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+           gpu_memory_utilization):
+    from servesim.estimator import get_estimator
+    from servesim.hardware import get_gpu
+    from servesim.models import get_model
+    from servesim.models.parallel import Parallelism, validate_parallelism
+    from servesim.serving.config import default_engine_config
+    from servesim.serving.step_time import StepTimeModel
+
+    model, gpu, par = get_model(model_ref), get_gpu(gpu_name), Parallelism(tp, pp)
+    validate_parallelism(model, par)
+    cfg = default_engine_config(engine, gpu, par).with_overrides(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        memory_fraction=gpu_memory_utilization)
+    return model, gpu, par, cfg, StepTimeModel(engine, model, gpu, par, get_estimator(estimator), dtype)
+
+
+def parse_slos(text: str) -> dict[str, float]:
+    """``ttft_ms=500,tpot_ms=50`` -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
+    slos = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            slos[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ServesimError(f"cannot read SLO {item!r}; write KEY=MS pairs such as ttft_ms=500,tpot_ms=50")
+    return slos
+
+
+def _latency_rows(summary: dict) -> list[dict]:
+    return [{"metric": label, **{k: summary[f"{stem}_{k}_ms"] for k in ("mean", "p50", "p90", "p99")}}
+            for stem, label in METRICS]
+
+
+@click.command("simulate")
+@_engine_options
+@click.option("--workload", "source", default="splitwise-conv", show_default=True,
+              help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
+@click.option("-n", "--num-requests", type=click.IntRange(min=1), default=None,
+              help="Requests [default: 1000; a trace: all its rows].")
+@click.option("--qps", type=float, default=None, help="Arrival rate, requests per second.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Closed loop: at most N requests in flight (vllm bench serve --max-concurrency).")
+@click.option("--arrival", type=click.Choice(("poisson", "gamma", "burst", "trace")), default=None,
+              help="Arrival process (see 'servesim workload --help').")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the random router.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engine instances.")
+@click.option("--router", type=click.Choice(("round_robin", "least_outstanding", "random")), default="round_robin",
+              show_default=True, help="How requests are spread over replicas.")
+@click.option("--goodput", "goodput_text", default=None, metavar="ttft_ms=MS,tpot_ms=MS,e2e_ms=MS",
+              help="SLOs for goodput (requests/s meeting all of them).")
+@click.option("--requests-csv", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write per-request metrics to this CSV.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
+@output_format_options
+def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+                     gpu_memory_utilization, source, num_requests, qps, concurrency, arrival, seed, replicas, router,
+                     goodput_text, requests_csv, trace_path, output_format) -> None:
+    """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
+
+    \b
+    servesim simulate --model llama3-8b --gpu H100 --workload splitwise-conv --qps 4 -n 2000
+    servesim simulate --model llama3-70b --tp 4 --engine sglang --workload fixed:1024:256 --concurrency 16
+    """
+    from servesim.serving.simulator import simulate
+    from servesim.workloads import build_workload
+
+    model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
+                                              max_num_batched_tokens, gpu_memory_utilization)
+    slos = parse_slos(goodput_text) if goodput_text else None
+    workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival)
+    result = simulate(model, gpu, par, cfg, workload, step_model=step_model, replicas=replicas, router=router,
+                      seed=seed)
+    summary = result.summary()
+    if slos:
+        summary["goodput_req_per_s"] = result.goodput(slos)
+    if requests_csv is not None:
+        result.requests.to_csv(requests_csv, index=False, float_format="%.4f")
+    if trace_path is not None:
+        from servesim.serving.trace import write_chrome_trace
+
+        write_chrome_trace(result, trace_path)
+    title = (f"{model.name} on {replicas} x {par} {gpu.name}, {cfg.engine} {cfg.version}, {workload.name}: "
+             f"{len(workload)} requests, {workload.arrival_mode} arrivals"
+             + (f" (concurrency {workload.concurrency})" if workload.concurrency else ""))
+    notes = [
+        f"duration {summary['duration_s']:,.1f} s; {summary['request_throughput_per_s']:,.2f} req/s, "
+        f"{summary['output_throughput_tok_per_s']:,.0f} output tok/s, {summary['total_throughput_tok_per_s']:,.0f} "
+        f"total tok/s",
+        f"{summary['steps']:,} steps, mean batch {summary['mean_batch_size']:,.1f} requests, KV occupancy mean "
+        f"{summary['mean_kv_occupancy']:.1%} peak {summary['peak_kv_occupancy']:.1%}, {summary['preemptions']} "
+        f"preemptions",
+    ]
+    if slos:
+        notes.append(f"goodput {summary['goodput_req_per_s']:,.2f} req/s meeting {goodput_text}")
+    emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=notes,
+         json_payload={"config": dict(result.info), "summary": summary})
+
+
+@click.command("latency")
+@_engine_options
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--input-len", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True)
+@output_format_options
+def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+                    gpu_memory_utilization, batch_size, input_len, output_len, output_format) -> None:
+    """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
+
+    \b
+    servesim latency --model llama3-8b --gpu H100 --batch-size 8 --input-len 32 --output-len 128
+    """
+    from servesim.serving.simulator import simulate
+    from servesim.workloads import build_workload
+
+    model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
+                                              max_num_batched_tokens, gpu_memory_utilization)
+    workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")
+    result = simulate(model, gpu, par, cfg, workload, step_model=step_model)
+    summary = result.summary()
+    row = {
+        "latency_s": summary["duration_s"], "ttft_ms": summary["ttft_mean_ms"], "tpot_ms": summary["tpot_mean_ms"],
+        "output_throughput_tok_per_s": summary["output_throughput_tok_per_s"], "steps": summary["steps"],
+    }
+    columns = (Column("latency_s", "latency (s)", ",.4f"), Column("ttft_ms", "TTFT (ms)", ",.2f"),
+               Column("tpot_ms", "TPOT (ms)", ",.3f"), Column("output_throughput_tok_per_s", "output tok/s", ",.0f"),
+               Column("steps", "steps", ",d"))
+    title = (f"{model.name} on {par} {gpu.name}, {cfg.engine} {cfg.version}: batch {batch_size}, input {input_len}, "
+             f"output {output_len}")
+    emit([row], columns, output_format, title=title, json_payload={"config": dict(result.info), **row})
+
+
+COMMANDS = [simulate_command, latency_command]

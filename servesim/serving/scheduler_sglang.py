@@ -1,0 +1,158 @@
+"""SGLang's scheduler (``srt/managers/scheduler.py``, ``schedule_policy.py``, ``schedule_batch.py``, 0.5.x),
+reduced to what decides timing: prefill batches before decode batches, chunked prefill of one request at a time,
+admission against KV memory reserved through the new-token ratio, and retraction when a decode runs out of
+memory. Radix-cache hits, the overlap scheduler and mixed chunks (off by default) are not modelled.
+
+One step, as SGLang forms it (FCFS, page size 1):
+
+- **Prefill batch**, whenever one can be formed. Budget: ``chunked_prefill_size`` tokens, and the memory left
+  after reserving, for every running request, ``min(output left, 4096) × new_token_ratio`` future tokens. The
+  request being chunked continues first; then waiting requests in order, each needing room for its prompt plus
+  ``min(max_new_tokens, 4096)`` (charged unscaled at admission), at most ``max_running_requests`` running. A prompt
+  longer than the chunk budget left is cut there and finishes in later prefill batches; no decode runs meanwhile.
+- **Decode batch** of every running request otherwise. When the pool lacks one slot per request, requests are
+  retracted (fewest generated tokens first, ties: longest prompt) to the back of the queue until it fits, and the
+  ratio jumps to ``(tokens decoded + 20 × running) / Σ max_new_tokens`` (at most 1). After each decode batch the
+  ratio decays linearly towards ``0.14 ×`` its initial 0.7 over 600 steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from servesim.serving.config import EngineConfig
+from servesim.serving.state import RequestState, Step, make_step
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+class SglangScheduler:
+    """FCFS prefill-priority batching over a pool of ``kv_tokens`` token slots."""
+
+    def __init__(self, cfg: EngineConfig, kv_tokens: int) -> None:
+        self.chunk_size = cfg.max_num_batched_tokens
+        # SGLang caps running requests at half the pool (model_runner.py) besides the configured limit.
+        self.max_running = min(cfg.max_num_seqs, kv_tokens // 2)
+        self.capacity = kv_tokens
+        self.free = kv_tokens
+        self.init_ratio = INIT_NEW_TOKEN_RATIO
+        self.min_ratio = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_ratio
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # prompt done, decoding
+        self.chunked: RequestState | None = None  # the one request whose prompt is part-way through
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return self.capacity - self.free
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.capacity
+
+    def fits(self, req: RequestState) -> bool:
+        return req.prompt + req.output <= self.capacity
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running) + (self.chunked is not None)
+
+    def add(self, req: RequestState) -> None:
+        self.waiting.append(req)
+
+    def release(self, req: RequestState) -> None:
+        self.running.remove(req)
+        self.free += req.kv_held
+        req.kv_held = 0
+
+    def _take(self, req: RequestState, new: int) -> None:
+        self.free -= new
+        req.kv_held += new
+
+    def schedule(self) -> Step | None:
+        step = None
+        if self.chunked is None or not self.chunked.in_flight:
+            step = self._prefill_step()
+        step = step or self._decode_step()
+        if step is None and not self.running and self.chunked is None:
+            self.new_token_ratio = self.init_ratio  # an idle server starts estimating afresh
+        return step
+
+    def _reserved_tokens(self) -> float:
+        """Future tokens held back for the running requests' outputs."""
+        left = sum(min(r.output - r.generated, CLIP_MAX_NEW_TOKENS) for r in self.running)
+        return left * self.new_token_ratio
+
+    def _prefill_step(self) -> Step | None:
+        if self.chunked is None and (not self.waiting or len(self.running) >= self.max_running):
+            return None
+        rem_chunk = self.chunk_size
+        rem_total = self.free - self._reserved_tokens()
+        reqs: list[RequestState] = []
+        news: list[int] = []
+        if self.chunked is not None:
+            req = self.chunked
+            new = min(req.seq_len - req.computed, rem_chunk)
+            if new == req.seq_len - req.computed:  # last chunk: it decodes from the next step on
+                self.chunked = None
+                self.running.append(req)
+            self._take(req, new)
+            reqs.append(req)
+            news.append(new)
+            rem_chunk -= new
+            rem_total -= new
+        while self.waiting and rem_chunk > 0 and len(self.running) + (self.chunked is not None) < self.max_running:
+            req = self.waiting[0]
+            extend = req.seq_len
+            total = extend + min(req.output - req.generated, CLIP_MAX_NEW_TOKENS)
+            if total > rem_total:
+                break
+            self.waiting.popleft()
+            new = min(extend, rem_chunk)
+            self._take(req, new)
+            reqs.append(req)
+            news.append(new)
+            rem_chunk -= new
+            rem_total -= total
+            if new < extend:
+                self.chunked = req
+                break
+            self.running.append(req)
+        if not reqs:
+            return None
+        return make_step(reqs, news)
+
+    def _decode_step(self) -> Step | None:
+        reqs = [r for r in self.running if not r.in_flight]
+        if not reqs:
+            return None
+        if self.free < len(reqs):
+            self._retract(reqs)
+            if self.free < len(reqs):
+                return None  # what is left waits for micro-batches still in the pipeline
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+        for req in reqs:
+            self._take(req, 1)
+        return make_step(reqs, [1] * len(reqs))
+
+    def _retract(self, reqs: list[RequestState]) -> None:
+        """Retract decoding requests until one slot per remaining request is free (at least one retracted)."""
+        reqs.sort(key=lambda r: (r.generated, -r.prompt), reverse=True)
+        while len(reqs) > 1:
+            victim = reqs.pop()
+            self.running.remove(victim)
+            self.free += victim.kv_held
+            victim.kv_held = 0
+            victim.computed = 0
+            victim.preemptions += 1
+            self.waiting.append(victim)
+            if self.free >= len(reqs):
+                break
+        decoded = sum(r.generated for r in reqs)
+        budget = sum(r.output for r in reqs)
+        self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(reqs)) / budget)

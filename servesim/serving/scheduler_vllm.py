@@ -1,0 +1,132 @@
+"""vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``, ``kv_cache_manager.py``), reduced to what decides
+timing: the per-step token budget, ``max_num_seqs``, running requests before waiting ones, chunked prefill, paged
+KV blocks, and preemption by recompute.
+
+One step, as V1 forms it (FCFS, no prefix-cache hits):
+
+1. Running requests in order. Each gets ``min(tokens left to compute, budget left)`` new tokens: 1 for a decode,
+   the rest of its prompt (a chunk) for a partial prefill. Its blocks are topped up to cover the new tokens; when
+   the pool is short, the newest running request is preempted (its blocks freed, its progress dropped, back to the
+   front of the waiting queue) until the allocation fits, or the request itself was the one preempted.
+2. Only if nothing was preempted: waiting requests in order, while budget is left and fewer than ``max_num_seqs``
+   run. Each gets ``min(prompt, budget left)`` tokens (a longer prompt is chunked and continues next step as a
+   running request) if the pool has blocks for them; else admission stops.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from servesim.serving.config import EngineConfig
+from servesim.serving.state import RequestState, Step, make_step
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class VllmScheduler:
+    """FCFS continuous batching over a pool of ``num_blocks`` KV blocks of ``cfg.block_size`` tokens."""
+
+    def __init__(self, cfg: EngineConfig, kv_tokens: int) -> None:
+        self.block_size = cfg.block_size
+        self.token_budget = cfg.max_num_batched_tokens
+        self.max_num_seqs = cfg.max_num_seqs
+        self.chunked_prefill = cfg.enable_chunked_prefill
+        # The block pool keeps one null block that no request can use.
+        self.capacity = kv_tokens // cfg.block_size - 1
+        self.free = self.capacity
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """KV memory in use, in token slots (whole blocks)."""
+        return (self.capacity - self.free) * self.block_size
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.capacity * self.block_size
+
+    def fits(self, req: RequestState) -> bool:
+        """Whether the request's full sequence fits the pool at all (vLLM refuses longer ones)."""
+        return _blocks(req.prompt + req.output, self.block_size) <= self.capacity
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, req: RequestState) -> None:
+        self.waiting.append(req)
+
+    def release(self, req: RequestState) -> None:
+        """Free a finished request's blocks."""
+        self.running.remove(req)
+        self.free += req.kv_held
+        req.kv_held = 0
+
+    def _blocks_to_add(self, req: RequestState, new_tokens: int) -> int:
+        return -(-(req.computed + new_tokens) // self.block_size) - req.kv_held
+
+    def _take(self, req: RequestState, blocks: int) -> None:
+        self.free -= blocks
+        req.kv_held += blocks
+
+    def _preempt_newest(self, first: int) -> RequestState | None:
+        """Preempt the newest running request from position ``first`` on (those before it are scheduled this
+        step) that is not still in the pipeline."""
+        for i in range(len(self.running) - 1, first - 1, -1):
+            victim = self.running[i]
+            if not victim.in_flight:
+                del self.running[i]
+                self.free += victim.kv_held
+                victim.kv_held = 0
+                victim.computed = 0
+                victim.preemptions += 1
+                self.waiting.appendleft(victim)
+                return victim
+        return None
+
+    def schedule(self) -> Step | None:
+        budget = self.token_budget
+        reqs: list[RequestState] = []
+        news: list[int] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            i += 1
+            if req.in_flight:
+                continue
+            new = min(req.prompt + req.generated - req.computed, budget)
+            need = self._blocks_to_add(req, new)
+            while need > self.free:
+                victim = self._preempt_newest(i - 1)
+                preempted = True
+                if victim is None or victim is req:
+                    break
+            else:
+                self._take(req, need)
+                reqs.append(req)
+                news.append(new)
+                budget -= new
+                continue
+            break  # this request could not get its blocks: V1 stops scheduling running requests
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                new = req.seq_len - req.computed
+                if new > budget and not self.chunked_prefill:
+                    break
+                new = min(new, budget)
+                need = self._blocks_to_add(req, new)
+                if need > self.free:
+                    break
+                self._take(req, need)
+                self.waiting.popleft()
+                self.running.append(req)
+                reqs.append(req)
+                news.append(new)
+                budget -= new
+        if not reqs:
+            return None
+        return make_step(reqs, news)

@@ -1,0 +1,208 @@
+"""The discrete-event serving simulator: requests arrive, a router hands them to replicas, each replica's engine
+scheduler forms steps, the step-time model times them, and finished steps emit tokens.
+
+Events are arrivals and step completions, processed in time order; replicas form their next steps once every
+event of the instant is in (so a step that ends as a request arrives already sees it, and a burst is one batch). A replica has ``pp`` pipeline stages and keeps up to ``pp`` micro-batches
+in flight: a new one is formed as soon as fewer are in flight, from the requests not already in the pipeline (a
+request needs its previous token before its next step). A micro-batch first takes the host overhead (the CPU is
+shared by the micro-batches, one after the other), then passes the stages in turn, waiting for each stage to be
+free. With ``pp = 1`` a step therefore lasts ``StepTime.latency_us``, and with many micro-batches the pipeline
+issues one per bottleneck stage time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+from servesim.errors import ServesimError
+from servesim.hardware.spec import GpuSpec
+from servesim.models.config import ModelConfig
+from servesim.models.parallel import Parallelism
+from servesim.serving.config import EngineConfig, engine_memory_plan
+from servesim.serving.metrics import SimulationResult, StepRecord
+from servesim.serving.router import make_router
+from servesim.serving.scheduler_sglang import SglangScheduler
+from servesim.serving.scheduler_vllm import VllmScheduler
+from servesim.serving.state import RequestState, Step, finish_step
+from servesim.serving.step_cache import step_time_us
+from servesim.serving.step_time import StepTimeModel
+from servesim.workloads.request import Workload
+
+_ARRIVAL, _STEP_DONE = 0, 1
+SCHEDULERS = {"vllm": VllmScheduler, "sglang": SglangScheduler}
+
+
+class _Replica:
+    """One engine instance (a TP×PP group): its scheduler, its pipeline and the steps it ran."""
+
+    def __init__(self, index: int, scheduler: VllmScheduler | SglangScheduler, step_model: StepTimeModel) -> None:
+        self.index = index
+        self.scheduler = scheduler
+        self.step_model = step_model
+        self.pp = step_model.par.pp
+        self.in_flight = 0
+        self.cpu_free_s = 0.0
+        self.stage_free_s = [0.0] * self.pp
+
+    def launch(self, now_s: float, log: list[tuple]) -> list[tuple[float, Step]]:
+        """Form and time micro-batches while the pipeline has room; returns (end time, step) of each."""
+        launched = []
+        while self.in_flight < self.pp:
+            step = self.scheduler.schedule()
+            if step is None:
+                break
+            for req in step.requests:
+                req.in_flight = True
+                if req.first_scheduled_s < 0:
+                    req.first_scheduled_s = now_s
+            overhead_us, stages_us = step_time_us(self.step_model, step)
+            start_s = max(now_s, self.cpu_free_s)
+            t_s = self.cpu_free_s = start_s + overhead_us * 1e-6
+            for stage, stage_us in enumerate(stages_us):
+                t_s = self.stage_free_s[stage] = max(t_s, self.stage_free_s[stage]) + stage_us * 1e-6
+            self.in_flight += 1
+            launched.append((t_s, step))
+            prefill_tokens = sum(p.new_tokens for p in step.prefills)
+            log.append((self.index, start_s, t_s, len(step.requests), prefill_tokens + step.num_decodes,
+                        prefill_tokens, step.num_decodes, self.scheduler.kv_used_tokens))
+        return launched
+
+
+def _check_fits(scheduler: VllmScheduler | SglangScheduler, workload: Workload) -> None:
+    total = workload.prompt_tokens + workload.output_tokens
+    too_long = int((total > scheduler.kv_capacity_tokens).sum())
+    if too_long:
+        raise ServesimError(
+            f"{too_long} request(s) need more KV cache than the replica has ({scheduler.kv_capacity_tokens:,} tokens; "
+            f"longest request {int(total.max()):,}); cap lengths (--max-prompt-tokens/--max-output-tokens), raise the "
+            f"memory fraction or use more GPUs per replica (--tp/--pp)"
+        )
+
+
+def simulate(
+    model: ModelConfig,
+    gpu: GpuSpec,
+    par: Parallelism,
+    engine_cfg: EngineConfig,
+    workload: Workload,
+    step_model: StepTimeModel | None = None,
+    estimator: str = "roofline",
+    replicas: int = 1,
+    router: str = "round_robin",
+    seed: int = 0,
+) -> SimulationResult:
+    """Serve ``workload`` with ``replicas`` copies of ``engine_cfg`` on ``par`` ``gpu`` s behind ``router``.
+
+    Pass the same ``step_model`` to many calls (as a capacity search does): its memo of step times carries over.
+    ``seed`` drives the random router; everything else is deterministic.
+    """
+    if engine_cfg.engine not in SCHEDULERS:
+        raise ServesimError(f"no scheduler for engine {engine_cfg.engine!r}; use {', '.join(SCHEDULERS)}")
+    if replicas < 1:
+        raise ServesimError(f"replicas must be at least 1 (got {replicas})")
+    if step_model is None:
+        from servesim.estimator import get_estimator
+
+        step_model = StepTimeModel(engine_cfg.engine, model, gpu, par, get_estimator(estimator))
+    kv_dtype = "fp8" if step_model.dtype.startswith("fp8") else step_model.dtype
+    plan = engine_memory_plan(model, gpu, par, engine_cfg, weight_dtype=kv_dtype)
+    if not plan.fits:
+        raise ServesimError(
+            f"{model.name} does not fit {gpu.name} with {par} under {engine_cfg.engine} (memory fraction "
+            f"{engine_cfg.memory_fraction}); use more GPUs per replica (--tp/--pp) or a larger GPU"
+        )
+    fleet = [_Replica(i, SCHEDULERS[engine_cfg.engine](engine_cfg, plan.kv_tokens), step_model)
+             for i in range(replicas)]
+    _check_fits(fleet[0].scheduler, workload)
+    states, replica_of, log = _run(fleet, workload, make_router(router, seed))
+    info = {
+        "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": engine_cfg.engine,
+        "engine_version": engine_cfg.version, "max_num_batched_tokens": engine_cfg.max_num_batched_tokens,
+        "max_num_seqs": engine_cfg.max_num_seqs, "memory_fraction": engine_cfg.memory_fraction,
+        "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas, "router": router,
+        "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
+    }
+    return _result(states, replica_of, log, fleet[0].scheduler.kv_capacity_tokens, info)
+
+
+def _run(fleet: Sequence[_Replica], workload: Workload, route) -> tuple[list[RequestState], list[int], list[tuple]]:
+    """The event loop. Returns every request's final state and replica (in workload order) and the step log."""
+    n = len(workload)
+    prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
+    arrivals = workload.arrival_s.tolist()
+    states: list[RequestState | None] = [None] * n
+    replica_of = [0] * n
+    events: list[tuple] = []
+    closed = workload.arrival_mode == "closed"
+    issued = min(workload.concurrency, n) if closed else n
+    for rid in range(issued):
+        events.append((arrivals[rid], _ARRIVAL, rid, rid))
+    seq = issued  # tie-breaker: events of one time and kind in the order they were made
+    heapq.heapify(events)
+    log: list[tuple] = []
+
+    def push_steps(replica: _Replica, now_s: float) -> None:
+        nonlocal seq
+        for end_s, step in replica.launch(now_s, log):
+            heapq.heappush(events, (end_s, _STEP_DONE, seq, (replica, step)))
+            seq += 1
+
+    ready: list[_Replica] = []  # replicas with something new, launched once every event of this instant is in
+    while events:
+        now_s, kind, _, payload = heapq.heappop(events)
+        if kind == _ARRIVAL:
+            req = states[payload] = RequestState(payload, prompts[payload], outputs[payload], now_s)
+            replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
+            replica_of[payload] = replica.index
+            replica.scheduler.add(req)
+        else:
+            replica, step = payload
+            replica.in_flight -= 1
+            for req in finish_step(step, now_s):
+                replica.scheduler.release(req)
+                if closed and issued < n:
+                    heapq.heappush(events, (max(now_s, arrivals[issued]), _ARRIVAL, seq, issued))
+                    seq += 1
+                    issued += 1
+        if replica not in ready:
+            ready.append(replica)
+        if not events or events[0][0] > now_s:
+            for replica in ready:
+                push_steps(replica, now_s)
+            ready.clear()
+    return states, replica_of, log
+
+
+def _result(states: list[RequestState], replica_of: list[int], log: list[tuple], kv_capacity: int, info: dict) -> SimulationResult:
+    counts = np.array([len(s.token_times_s) for s in states], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    times = np.fromiter((t for s in states for t in s.token_times_s), dtype=np.float64, count=int(offsets[-1]))
+    columns = list(zip(*log)) if log else [()] * 8
+    steps = StepRecord(
+        replica=np.array(columns[0], dtype=np.int64),
+        start_s=np.array(columns[1], dtype=np.float64),
+        end_s=np.array(columns[2], dtype=np.float64),
+        num_requests=np.array(columns[3], dtype=np.int64),
+        num_tokens=np.array(columns[4], dtype=np.int64),
+        prefill_tokens=np.array(columns[5], dtype=np.int64),
+        num_decodes=np.array(columns[6], dtype=np.int64),
+        kv_used_tokens=np.array(columns[7], dtype=np.int64),
+        kv_capacity_tokens=kv_capacity,
+    )
+    return SimulationResult(
+        issue_s=np.array([s.issue_s for s in states]),
+        prompt_tokens=np.array([s.prompt for s in states], dtype=np.int64),
+        output_tokens=np.array([s.output for s in states], dtype=np.int64),
+        replica=np.array(replica_of, dtype=np.int64),
+        first_scheduled_s=np.array([s.first_scheduled_s for s in states]),
+        first_token_s=times[offsets[:-1]] if len(states) else np.array([]),
+        finish_s=times[offsets[1:] - 1] if len(states) else np.array([]),
+        preemptions=np.array([s.preemptions for s in states], dtype=np.int64),
+        token_offsets=offsets,
+        token_times_s=times,
+        steps=steps,
+        info=info,
+    )

@@ -1,0 +1,91 @@
+"""What a serving engine knows about each request while it runs, and what one scheduled step is.
+
+Token accounting shared by both engines: a request's sequence is its prompt plus the tokens generated so far.
+``computed`` tokens of it have their KV in the cache. A step that brings ``computed`` up to the sequence length
+samples the next token: the last prompt chunk samples the first output token, each decode one more. After a
+preemption (vLLM) or retraction (SGLang) ``computed`` drops to 0 and the whole sequence is recomputed, as both
+engines do; tokens already streamed to the client stay streamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servesim.kernels.batch import BatchSpec, PrefillChunk
+
+
+class RequestState:
+    """Mutable per-request state inside one replica (the simulator's hot loop touches it every step)."""
+
+    __slots__ = (
+        "rid", "prompt", "output", "issue_s", "computed", "generated", "kv_held", "first_scheduled_s",
+        "token_times_s", "preemptions", "in_flight",
+    )
+
+    def __init__(self, rid: int, prompt: int, output: int, issue_s: float) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.output = output
+        self.issue_s = issue_s
+        self.computed = 0
+        self.generated = 0
+        self.kv_held = 0  # KV units held: vLLM blocks, SGLang token slots
+        self.first_scheduled_s = -1.0
+        self.token_times_s: list[float] = []
+        self.preemptions = 0
+        self.in_flight = False  # part of a micro-batch still in the pipeline
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt + self.generated
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token is left to compute."""
+        return self.generated > 0 and self.computed == self.seq_len - 1
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One scheduled engine step (a micro-batch with pipeline parallelism): its requests, the new tokens each
+    computes, and the batch the kernels see, summarised: how many requests decode and their total context, and the
+    prompt chunks (new tokens after cached ones)."""
+
+    requests: tuple[RequestState, ...]
+    new_tokens: tuple[int, ...]
+    num_decodes: int
+    decode_context_tokens: int
+    prefills: tuple[PrefillChunk, ...]
+
+    def batch(self) -> BatchSpec:
+        """The exact batch the kernels see: decodes by context, prompt chunks by (new, cached)."""
+        decodes = tuple(r.computed for r, new in zip(self.requests, self.new_tokens) if new == 1 and r.is_decoding)
+        return BatchSpec(prefills=self.prefills, decodes=decodes)
+
+
+def make_step(requests: list[RequestState], new_tokens: list[int]) -> Step:
+    """A step from scheduled requests (before they run: ``computed`` is what the cache holds now)."""
+    num_decodes = contexts = 0
+    prefills = []
+    for req, new in zip(requests, new_tokens):
+        computed = req.computed
+        if new == 1 and req.generated and computed == req.prompt + req.generated - 1:
+            num_decodes += 1
+            contexts += computed
+        else:
+            prefills.append(PrefillChunk(new, computed))
+    return Step(tuple(requests), tuple(new_tokens), num_decodes, contexts, tuple(prefills))
+
+
+def finish_step(step: Step, end_s: float) -> list[RequestState]:
+    """Apply a completed step: advance computed tokens, emit sampled tokens; return the requests now finished."""
+    finished = []
+    for req, new in zip(step.requests, step.new_tokens):
+        req.in_flight = False
+        req.computed += new
+        if req.computed == req.prompt + req.generated:
+            req.generated += 1
+            req.token_times_s.append(end_s)
+            if req.generated == req.output:
+                finished.append(req)
+    return finished

@@ -1,0 +1,207 @@
+"""The serving simulator: invariants over random workloads, engine policies, routers, metrics and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servesim.estimator import get_estimator
+from servesim.hardware import get_gpu
+from servesim.models import get_model
+from servesim.models.parallel import Parallelism
+from servesim.serving.config import default_engine_config
+from servesim.serving.simulator import simulate
+from servesim.serving.step_time import StepTimeModel
+from servesim.workloads import Workload, build_workload
+
+MODEL = get_model("llama3-8b")
+GPU = get_gpu("H100")
+TP1 = Parallelism(1, 1)
+#: Leaves a few thousand KV tokens beside llama3-8b's 16 GB of weights, so memory runs short.
+SMALL_MEMORY = 0.235
+
+
+@pytest.fixture(scope="module")
+def step_models():
+    return {engine: StepTimeModel(engine, MODEL, GPU, TP1, get_estimator("roofline")) for engine in ("vllm", "sglang")}
+
+
+def run(step_models, engine, workload, replicas=1, router="round_robin", **overrides):
+    cfg = default_engine_config(engine, GPU, TP1).with_overrides(**overrides)
+    return simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models[engine], replicas=replicas, router=router)
+
+
+def make_workload(prompts, outputs, arrivals=None, concurrency=None):
+    arrivals = np.zeros(len(prompts)) if arrivals is None else np.sort(arrivals)
+    mode = "closed" if concurrency else "open"
+    return Workload("test", np.array(prompts), np.array(outputs), arrivals, arrival_mode=mode, concurrency=concurrency)
+
+
+workloads = st.integers(1, 24).flatmap(lambda n: st.tuples(
+    st.lists(st.integers(1, 3000), min_size=n, max_size=n),
+    st.lists(st.integers(1, 120), min_size=n, max_size=n),
+    st.lists(st.floats(0, 2), min_size=n, max_size=n),
+    st.one_of(st.none(), st.integers(1, 6)),
+))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=workloads, engine=st.sampled_from(["vllm", "sglang"]), small=st.booleans(),
+       replicas=st.integers(1, 2))
+def test_invariants_hold_for_any_workload(step_models, spec, engine, small, replicas):
+    prompts, outputs, arrivals, concurrency = spec
+    workload = make_workload(prompts, outputs, arrivals, concurrency)
+    overrides = {"memory_fraction": SMALL_MEMORY, "max_num_batched_tokens": 1024} if small else {}
+    result = run(step_models, engine, workload, replicas=replicas, **overrides)
+
+    # Every request is served exactly once and gets exactly its output tokens.
+    assert len(result) == len(workload)
+    np.testing.assert_array_equal(np.diff(result.token_offsets), workload.output_tokens)
+    np.testing.assert_array_equal(result.prompt_tokens, workload.prompt_tokens)
+    # Causality: sent <= scheduled <= first token <= last token; tokens in time order.
+    assert (result.first_scheduled_s >= result.issue_s - 1e-12).all()
+    assert (result.first_token_s > result.first_scheduled_s).all()
+    assert (result.ttft_s <= result.e2e_s).all()
+    for i in range(len(result)):
+        assert (np.diff(result.token_times_s[result.token_offsets[i]:result.token_offsets[i + 1]]) >= 0).all()
+    # KV in use never exceeds capacity; each replica's clock never goes back.
+    steps = result.steps
+    assert (steps.kv_used_tokens <= steps.kv_capacity_tokens).all()
+    assert (steps.end_s > steps.start_s).all()
+    for r in range(replicas):
+        assert (np.diff(steps.start_s[steps.replica == r]) >= 0).all()
+    # Closed loop: never more requests in flight than clients.
+    if concurrency:
+        assert max_in_flight(result) <= concurrency
+    # Same inputs, same result.
+    again = run(step_models, engine, workload, replicas=replicas, **overrides)
+    np.testing.assert_array_equal(again.token_times_s, result.token_times_s)
+
+
+def max_in_flight(result) -> int:
+    events = sorted([(t, 1) for t in result.issue_s] + [(t, -1) for t in result.finish_s], key=lambda e: (e[0], e[1]))
+    return int(np.max(np.cumsum([d for _, d in events])))
+
+
+def test_vllm_respects_token_budget_and_max_num_seqs(step_models):
+    workload = build_workload("fixed:3000:20", 40, arrival="burst")
+    result = run(step_models, "vllm", workload, max_num_batched_tokens=2048, max_num_seqs=8)
+    assert result.steps.num_tokens.max() == 2048  # budget filled by chunks, never exceeded
+    assert result.steps.num_requests.max() <= 8
+
+
+def test_vllm_mixes_decodes_with_chunked_prefill(step_models):
+    workload = build_workload("fixed:3000:50", 10, arrival="burst")
+    steps = run(step_models, "vllm", workload, max_num_batched_tokens=2048).steps
+    assert ((steps.num_decodes > 0) & (steps.prefill_tokens > 0)).any()
+
+
+def test_sglang_runs_prefill_and_decode_batches_separately(step_models):
+    workload = build_workload("fixed:3000:50", 10, arrival="burst")
+    steps = run(step_models, "sglang", workload, max_num_batched_tokens=2048).steps
+    assert not ((steps.num_decodes > 0) & (steps.prefill_tokens > 0)).any()
+    assert steps.prefill_tokens.max() <= 2048
+    assert ((steps.num_decodes > 0) & (steps.prefill_tokens == 0)).any()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_short_memory_preempts_and_still_finishes(step_models, engine):
+    workload = build_workload("fixed:1500:600", 24, arrival="burst")
+    result = run(step_models, engine, workload, memory_fraction=SMALL_MEMORY)
+    assert result.preemptions.sum() > 0
+    np.testing.assert_array_equal(np.diff(result.token_offsets), workload.output_tokens)
+    roomy = run(step_models, engine, workload)
+    assert roomy.preemptions.sum() == 0
+
+
+def test_sglang_reserves_memory_for_future_tokens(step_models):
+    """With the new-token ratio, SGLang admits fewer requests at once than the prompts alone would allow."""
+    workload = build_workload("fixed:1000:1000", 30, arrival="burst")
+    result = run(step_models, "sglang", workload, memory_fraction=SMALL_MEMORY)
+    capacity = result.steps.kv_capacity_tokens
+    first_prefill = result.steps.num_requests[0]
+    assert first_prefill < capacity // 1000
+
+
+def test_closed_loop_concurrency_sets_the_batch(step_models):
+    workload = build_workload("fixed:256:64", 64, concurrency=4)
+    result = run(step_models, "vllm", workload)
+    assert max_in_flight(result) == 4
+    assert result.steps.num_requests.max() == 4
+
+
+def test_routers_spread_requests(step_models):
+    workload = build_workload("fixed:512:32", 40, qps=50, seed=1)
+    rr = run(step_models, "vllm", workload, replicas=4, router="round_robin")
+    np.testing.assert_array_equal(rr.replica, np.arange(40) % 4)
+    lo = run(step_models, "vllm", workload, replicas=4, router="least_outstanding")
+    assert np.bincount(lo.replica, minlength=4).min() > 0
+
+
+def test_more_replicas_lower_latency_under_load(step_models):
+    workload = build_workload("splitwise-conv", 300, qps=40, seed=0)
+    one = run(step_models, "vllm", workload).summary()
+    two = run(step_models, "vllm", workload, replicas=2, router="least_outstanding").summary()
+    assert two["e2e_mean_ms"] < one["e2e_mean_ms"]
+
+
+def test_pipeline_keeps_micro_batches_in_flight():
+    par = Parallelism(1, 2)
+    step_model = StepTimeModel("vllm", MODEL, GPU, par, get_estimator("roofline"))
+    workload = build_workload("fixed:512:64", 32, concurrency=32)
+    cfg = default_engine_config("vllm", GPU, par)
+    steps = simulate(MODEL, GPU, par, cfg, workload, step_model=step_model).steps
+    assert (steps.start_s[1:] < steps.end_s[:-1]).any()  # a step starts before the previous one ends
+
+
+def test_metric_definitions(step_models):
+    workload = build_workload("fixed:128:10", 3, arrival="burst")
+    result = run(step_models, "vllm", workload)
+    frame = result.requests
+    np.testing.assert_allclose(frame.tpot_ms, (frame.e2e_ms - frame.ttft_ms) / 9)
+    np.testing.assert_allclose(frame.tpot_incl_ms, frame.e2e_ms / 10)
+    assert len(result.itl_s) == 3 * 9
+    np.testing.assert_allclose(result.request_itl_ms(0).mean(), frame.tpot_ms[0])
+    summary = result.summary()
+    assert summary["request_throughput_per_s"] == pytest.approx(3 / result.duration_s)
+    assert result.goodput({"ttft_ms": 1e9}) == pytest.approx(summary["request_throughput_per_s"])
+    assert result.goodput({"ttft_ms": 0.0}) == 0.0
+
+
+def test_simulate_cli_json_and_files(tmp_path):
+    from servesim.cli.serving import simulate_command
+
+    trace, csv = tmp_path / "trace.json", tmp_path / "requests.csv"
+    out = CliRunner().invoke(simulate_command, [
+        "--model", "llama3-8b", "--workload", "fixed:256:16", "-n", "20", "--concurrency", "4", "--engine", "sglang",
+        "--goodput", "ttft_ms=1000", "--trace", str(trace), "--requests-csv", str(csv), "--json"])
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output)
+    assert payload["summary"]["requests"] == 20
+    assert payload["summary"]["goodput_req_per_s"] > 0
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert len(csv.read_text().splitlines()) == 21
+
+
+def test_latency_cli_mirrors_vllm_bench_latency():
+    from servesim.cli.serving import latency_command
+
+    out = CliRunner().invoke(latency_command, ["--model", "llama3-8b", "--batch-size", "4", "--input-len", "64",
+                                               "--output-len", "16", "--json"])
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output)
+    assert payload["steps"] == 16  # one prefill step, then 15 decode steps for the whole batch
+    assert payload["latency_s"] > payload["ttft_ms"] / 1e3
+
+
+def test_request_too_long_for_the_cache_is_a_clear_error(step_models):
+    from servesim.errors import ServesimError
+
+    workload = make_workload([1_000_000], [10])
+    with pytest.raises(ServesimError, match="KV cache"):
+        run(step_models, "vllm", workload)

@@ -33,7 +33,7 @@ def main() -> None:
 
 #: Modules of ``servesim.cli`` that each export ``COMMANDS``, a list of click commands. Heavy imports (pandas,
 #: scikit-learn) stay inside the command functions so that ``servesim --help`` is quick.
-_COMMAND_MODULES = ("plan", "catalog", "kernels", "comm", "workloads", "serving")
+_COMMAND_MODULES = ("plan", "catalog", "kernels", "comm", "workloads", "serving", "estimator")
 
 
 def _register() -> None:
@@ -43,11 +43,14 @@ def _register() -> None:
         module = importlib.import_module(f"servesim.cli.{module_name}")
         for command in module.COMMANDS:
             main.add_command(command)
-    from servesim.cli.comm import kernel_group
+    from servesim.cli.comm import eval_group, kernel_group
+    from servesim.cli.estimator import EVAL_SUBCOMMANDS
     from servesim.cli.kernel_explain import SUBCOMMANDS
 
     for command in SUBCOMMANDS:
         kernel_group.add_command(command)
+    for command in EVAL_SUBCOMMANDS:
+        eval_group.add_command(command)
 
 
 _register()

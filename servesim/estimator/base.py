@@ -27,8 +27,14 @@ def _roofline() -> KernelEstimator:
     return RooflineEstimator()
 
 
+def _mlp() -> KernelEstimator:
+    from servesim.estimator.mlp import MlpEstimator
+
+    return MlpEstimator()
+
+
 #: Estimator factories by the name users pass to ``--estimator``.
-ESTIMATORS: dict[str, Callable[[], KernelEstimator]] = {"roofline": _roofline}
+ESTIMATORS: dict[str, Callable[[], KernelEstimator]] = {"roofline": _roofline, "mlp": _mlp}
 
 DEFAULT_ESTIMATOR = "roofline"
 

@@ -1,0 +1,137 @@
+"""The SynPerf-style estimator: one MLP per kernel category predicts efficiency = theoretical time / measured
+time from the kernel's analytical features; the predicted time is the theoretical time over that efficiency.
+
+Inference is numpy, batched over all kernels of a category. Weights ship as ``weights/<category>.npz`` with the
+batch norms folded into the linear layers, so the forward pass is ``relu(x @ W + b)`` per hidden layer and a
+scaled sigmoid at the end. Categories without weights fall back to the roofline estimator, and ``label`` says
+which ones do.
+
+The output is ``efficiency_max * sigmoid(z)`` rather than a bare sigmoid: the analytical theoretical time is
+above the measured time for many kernels (tile and L2 models that are pessimistic on some GPUs, benchmarks that
+hit in L2), so the efficiency target exceeds 1 on a sizeable share of rows; ``efficiency_max`` is stored with
+the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from servesim.errors import ServesimError
+from servesim.features import kernel_features
+from servesim.hardware.spec import GpuSpec
+from servesim.kernels.types import Kernel
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+#: Logits are clipped here so that far-out inputs give a tiny positive efficiency, never 0 or an overflow.
+_LOGIT_LIMIT = 40.0
+
+
+@dataclass(frozen=True, eq=False)
+class MlpWeights:
+    """One category's network. ``layers[i] = (W [in, out], b [out])``; all but the last are followed by ReLU."""
+
+    category: str
+    feature_names: tuple[str, ...]
+    input_mean: np.ndarray
+    input_scale: np.ndarray
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+    efficiency_max: float
+    metadata: dict[str, str]  # how the weights were made: seed, GPUs, rows, training seconds
+
+
+def transform_inputs(features: np.ndarray) -> np.ndarray:
+    """Features span ten orders of magnitude (bytes, ops, counts): the network sees ``log1p`` of them."""
+    return np.log1p(np.maximum(features, 0.0))
+
+
+def forward_efficiency(weights: MlpWeights, features: np.ndarray) -> np.ndarray:
+    """Predicted efficiency of each row of raw ``features`` (columns ``weights.feature_names``)."""
+    x = (transform_inputs(features) - weights.input_mean) / weights.input_scale
+    x = x.astype(np.float32)
+    *hidden, (w_out, b_out) = weights.layers
+    for w, b in hidden:
+        x = np.maximum(x @ w + b, 0.0)
+    z = np.clip((x @ w_out + b_out)[:, 0].astype(np.float64), -_LOGIT_LIMIT, _LOGIT_LIMIT)
+    return weights.efficiency_max / (1.0 + np.exp(-z))
+
+
+def save_weights(weights: MlpWeights, path: Path) -> None:
+    arrays: dict[str, np.ndarray] = {
+        "category": np.array(weights.category),
+        "feature_names": np.array(weights.feature_names),
+        "input_mean": weights.input_mean,
+        "input_scale": weights.input_scale,
+        "efficiency_max": np.array(weights.efficiency_max),
+        "metadata_keys": np.array(list(weights.metadata), dtype=str),
+        "metadata_values": np.array(list(weights.metadata.values()), dtype=str),
+    }
+    for i, (w, b) in enumerate(weights.layers):
+        arrays[f"w{i}"], arrays[f"b{i}"] = w.astype(np.float32), b.astype(np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
+
+
+def load_weights(path: Path) -> MlpWeights:
+    with np.load(path, allow_pickle=False) as f:
+        count = sum(1 for name in f.files if name.startswith("w"))
+        return MlpWeights(
+            category=str(f["category"]),
+            feature_names=tuple(str(n) for n in f["feature_names"]),
+            input_mean=f["input_mean"],
+            input_scale=f["input_scale"],
+            layers=tuple((f[f"w{i}"], f[f"b{i}"]) for i in range(count)),
+            efficiency_max=float(f["efficiency_max"]),
+            metadata=dict(zip((str(k) for k in f["metadata_keys"]), (str(v) for v in f["metadata_values"]))),
+        )
+
+
+@lru_cache(maxsize=1)
+def shipped_weights() -> dict[str, MlpWeights]:
+    """The weights that ship with servesim, by category."""
+    return {path.stem: load_weights(path) for path in sorted(WEIGHTS_DIR.glob("*.npz"))}
+
+
+def predict_category_us(weights: MlpWeights, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
+    """Times of kernels of ``weights.category`` on ``gpu``: theoretical time over predicted efficiency."""
+    matrix = kernel_features(kernels, gpu)
+    if matrix.names != weights.feature_names:
+        raise ServesimError(
+            f"the {weights.category} estimator weights were trained on other features than servesim computes "
+            "now; retrain them with `servesim train`"
+        )
+    return matrix.column("theoretical_time_us") / forward_efficiency(weights, matrix.values)
+
+
+class MlpEstimator:
+    """Per-category MLPs where weights exist, the roofline elsewhere."""
+
+    name = "mlp"
+
+    def __init__(self, weights: dict[str, MlpWeights] | None = None) -> None:
+        from servesim.estimator.roofline import RooflineEstimator
+
+        self._weights = shipped_weights() if weights is None else weights
+        self._fallback = RooflineEstimator()
+
+    @property
+    def label(self) -> str:
+        learned = ", ".join(sorted(self._weights)) or "none"
+        return f"mlp (per-category MLP on SynPerf features for {learned}; roofline for other categories)"
+
+    def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
+        out = np.empty(len(kernels))
+        by_category: dict[str, list[int]] = {}
+        for i, kernel in enumerate(kernels):
+            by_category.setdefault(kernel.category, []).append(i)
+        for category, rows in by_category.items():
+            batch = [kernels[i] for i in rows]
+            weights = self._weights.get(category)
+            out[rows] = (self._fallback.predict_us(batch, gpu) if weights is None
+                         else predict_category_us(weights, batch, gpu))
+        return out

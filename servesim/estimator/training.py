@@ -1,0 +1,163 @@
+"""Training the per-category MLPs with torch on CPU, deterministically from a seed, and scoring predictors.
+
+The network is three hidden layers (256, 128, 64) of Linear -> BatchNorm -> ReLU -> Dropout(0.1) and a scaled
+sigmoid output (see :mod:`servesim.estimator.mlp`). The loss is the MAPE of the predicted *time*:
+``|t_theoretical / e_pred - t_measured| / t_measured = |e_true / e_pred - 1|``. AdamW, mini-batches, early
+stopping on the validation split's MAPE; the best epoch's weights are kept. torch is imported only here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.estimator.datasets import KernelSamples
+from servesim.estimator.mlp import MlpWeights, transform_inputs
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    hidden: tuple[int, ...] = (256, 128, 64)
+    dropout: float = 0.1
+    learning_rate: float = 1e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 512
+    max_epochs: int = 60
+    patience_epochs: int = 6
+    efficiency_max: float = 8.0
+    seed: int = 0
+    threads: int = 2
+
+
+@dataclass(frozen=True, eq=False)
+class TrainResult:
+    weights: MlpWeights
+    epochs: int
+    best_val_mape: float
+    seconds: float
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent."""
+    return float(np.mean(np.abs(predicted / measured - 1.0)) * 100.0)
+
+
+def _network(inputs: int, config: TrainConfig):
+    import torch
+    from torch import nn
+
+    layers: list[nn.Module] = []
+    for width in config.hidden:
+        layers += [nn.Linear(inputs, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(config.dropout)]
+        inputs = width
+    layers.append(nn.Linear(inputs, 1))
+    return nn.Sequential(*layers).to(torch.float32)
+
+
+def export_weights(network, category: str, feature_names: tuple[str, ...], input_mean: np.ndarray,
+                   input_scale: np.ndarray, efficiency_max: float, metadata: dict[str, str]) -> MlpWeights:
+    """numpy weights of a trained torch network with each batch norm folded into the linear layer before it."""
+    from torch import nn
+
+    modules = list(network)
+    layers = []
+    for i, module in enumerate(modules):
+        if not isinstance(module, nn.Linear):
+            continue
+        w = module.weight.detach().double().numpy().T
+        b = module.bias.detach().double().numpy()
+        following = modules[i + 1] if i + 1 < len(modules) else None
+        if isinstance(following, nn.BatchNorm1d):
+            scale = (following.weight.detach().double().numpy()
+                     / np.sqrt(following.running_var.double().numpy() + following.eps))
+            w = w * scale
+            b = (b - following.running_mean.double().numpy()) * scale + following.bias.detach().double().numpy()
+        layers.append((w.astype(np.float32), b.astype(np.float32)))
+    return MlpWeights(category, feature_names, input_mean, input_scale, tuple(layers), efficiency_max, metadata)
+
+
+def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
+              config: TrainConfig = TrainConfig()) -> TrainResult:
+    """Train on the rows of ``train``, stop early on the MAPE of ``val``; deterministic for a given seed."""
+    import torch
+
+    start = time.perf_counter()
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(config.threads)
+    inputs = transform_inputs(samples.features.values)
+    mean = inputs[train].mean(axis=0)
+    scale = inputs[train].std(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    x = torch.from_numpy(((inputs - mean) / scale).astype(np.float32))
+    target = torch.from_numpy(samples.efficiency.astype(np.float32))
+    train_rows = torch.from_numpy(np.flatnonzero(train))
+    val_rows = torch.from_numpy(np.flatnonzero(val))
+    network = _network(x.shape[1], config)
+    optimiser = torch.optim.AdamW(network.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+
+    def efficiency(rows: torch.Tensor) -> torch.Tensor:
+        return config.efficiency_max * torch.sigmoid(network(x[rows])[:, 0])
+
+    best = (float("inf"), 0, None)
+    epoch = 0
+    for epoch in range(1, config.max_epochs + 1):
+        network.train()
+        order = train_rows[torch.randperm(len(train_rows), generator=generator)]
+        for batch in order.split(config.batch_size):
+            if len(batch) < 2:  # batch norm needs two rows
+                continue
+            loss = torch.mean(torch.abs(target[batch] / efficiency(batch).clamp_min(1e-6) - 1.0))
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        network.eval()
+        with torch.no_grad():
+            val_mape = float(torch.mean(torch.abs(target[val_rows] / efficiency(val_rows) - 1.0))) * 100.0
+        if val_mape < best[0]:
+            best = (val_mape, epoch, {k: v.clone() for k, v in network.state_dict().items()})
+        elif epoch - best[1] >= config.patience_epochs:
+            break
+    network.load_state_dict(best[2])
+    network.eval()
+    seconds = time.perf_counter() - start
+    gpus = sorted(set(samples.gpu[train]))
+    metadata = {
+        "seed": str(config.seed), "train_rows": str(int(train.sum())), "val_rows": str(int(val.sum())),
+        "gpus": ",".join(gpus), "epochs": str(epoch), "best_epoch": str(best[1]),
+        "best_val_mape_pct": f"{best[0]:.2f}", "train_seconds": f"{seconds:.1f}", "torch": torch.__version__,
+    }
+    weights = export_weights(network, samples.category, samples.features.names, mean, scale,
+                             config.efficiency_max, metadata)
+    return TrainResult(weights=weights, epochs=epoch, best_val_mape=best[0], seconds=seconds)
+
+
+def predict_samples_us(weights: MlpWeights, samples: KernelSamples) -> np.ndarray:
+    """The MLP's times for measured samples, from their already computed features."""
+    from servesim.estimator.mlp import forward_efficiency
+
+    return samples.theoretical_us / forward_efficiency(weights, samples.features.values)
+
+
+def roofline_samples_us(samples: KernelSamples) -> np.ndarray:
+    """The roofline estimator's times for measured samples, GPU by GPU."""
+    from servesim.estimator.roofline import RooflineEstimator
+    from servesim.hardware import get_gpu
+
+    out = np.empty(len(samples))
+    for gpu_name in np.unique(samples.gpu):
+        rows = np.flatnonzero(samples.gpu == gpu_name)
+        out[rows] = RooflineEstimator().predict_us([samples.kernels[i] for i in rows], get_gpu(str(gpu_name)))
+    return out
+
+
+def mape_by_gpu(samples: KernelSamples, predictions_us: dict[str, np.ndarray]) -> list[dict[str, object]]:
+    """One row per GPU (and one for all rows): sample count and each predictor's MAPE in percent."""
+    groups = [(str(g), samples.gpu == g) for g in np.unique(samples.gpu)] + [("all", np.ones(len(samples), bool))]
+    return [
+        {"gpu": name, "rows": int(mask.sum()),
+         **{p: mape(pred[mask], samples.measured_us[mask]) for p, pred in predictions_us.items()}}
+        for name, mask in groups
+    ]

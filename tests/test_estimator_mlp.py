@@ -1,0 +1,102 @@
+"""The per-category MLP estimator: numpy forward pass, shipped weights, training on a small slice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servesim.estimator.datasets import split_by_shape
+from servesim.estimator.mlp import (
+    MlpEstimator,
+    forward_efficiency,
+    load_weights,
+    save_weights,
+    shipped_weights,
+)
+from servesim.hardware import get_gpu
+from servesim.kernels.types import Gemm, RMSNorm
+
+
+def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
+    torch = pytest.importorskip("torch")
+    from servesim.estimator.training import TrainConfig, _network, export_weights
+
+    torch.manual_seed(1)
+    config = TrainConfig(hidden=(16, 8, 4))
+    network = _network(5, config)
+    for module in network:
+        if isinstance(module, torch.nn.BatchNorm1d):  # non-trivial running statistics and affine terms
+            module.running_mean.uniform_(-1, 1)
+            module.running_var.uniform_(0.5, 2)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.5, 0.5)
+    network.eval()
+    names = tuple(f"f{i}" for i in range(5))
+    weights = export_weights(network, "gemm", names, np.zeros(5), np.ones(5), 3.0, {"seed": "1"})
+    path = tmp_path / "gemm.npz"
+    save_weights(weights, path)
+    loaded = load_weights(path)
+    features = np.random.default_rng(0).uniform(0, 100, size=(64, 5))
+    with torch.no_grad():
+        x = torch.from_numpy(np.log1p(features).astype(np.float32))
+        expected = 3.0 * torch.sigmoid(network(x)[:, 0]).numpy()
+    np.testing.assert_allclose(forward_efficiency(loaded, features), expected, rtol=1e-5)
+    assert loaded.metadata == {"seed": "1"} and loaded.feature_names == names
+
+
+def test_shipped_gemm_weights_predict_positive_finite_times():
+    estimator = MlpEstimator()
+    assert "gemm" in shipped_weights()
+    kernels = [Gemm(m=m, n=4096, k=4096) for m in (1, 16, 256, 4096)] + [RMSNorm(rows=8, dim=4096)]
+    for gpu in ("H100-SXM", "L40S", "B200"):
+        times = estimator.predict_us(kernels, get_gpu(gpu))
+        assert np.all(np.isfinite(times)) and np.all(times > 0)
+        assert times[3] > times[0]  # more rows, more time
+    assert "roofline for other categories" in estimator.label
+
+
+def test_efficiency_within_the_output_range():
+    from servesim.features import kernel_features
+
+    weights = shipped_weights()["gemm"]
+    shapes = np.random.default_rng(0).integers(1, 65536, size=(500, 3))
+    kernels = [Gemm(m=int(m), n=int(n), k=int(k)) for m, n, k in shapes]
+    extreme = np.random.default_rng(0).uniform(0, 1e15, size=(100, len(weights.feature_names)))
+    for features in (kernel_features(kernels, get_gpu("H200")).values, extreme):
+        efficiency = forward_efficiency(weights, features)
+        assert np.all(efficiency > 0) and np.all(efficiency <= weights.efficiency_max)
+
+
+def test_shipped_weights_beat_the_roofline_on_held_out_shapes():
+    from servesim.estimator.datasets import load_samples
+    from servesim.estimator.training import mape, predict_samples_us, roofline_samples_us
+
+    weights = shipped_weights()["gemm"]
+    samples = load_samples("gemm", max_rows=3000, seed=5)
+    held_out = samples.subset(split_by_shape(samples.shape_id, int(weights.metadata["seed"])).test)
+    assert len(held_out) > 100
+    assert mape(predict_samples_us(weights, held_out), held_out.measured_us) < 0.5 * mape(
+        roofline_samples_us(held_out), held_out.measured_us)
+
+
+def test_training_is_deterministic_from_the_seed():
+    pytest.importorskip("torch")
+    from servesim.estimator.datasets import load_samples
+    from servesim.estimator.training import TrainConfig, train_mlp
+
+    samples = load_samples("gemm", max_rows=300, seed=3, gpus=("H100-SXM",))
+    split = split_by_shape(samples.shape_id, seed=3)
+    config = TrainConfig(hidden=(16, 8, 4), max_epochs=3, seed=3)
+    first, second = (train_mlp(samples, split.train, split.val, config).weights for _ in range(2))
+    for (w1, b1), (w2, b2) in zip(first.layers, second.layers):
+        np.testing.assert_array_equal(w1, w2)
+        np.testing.assert_array_equal(b1, b2)
+
+
+def test_split_by_shape_keeps_a_shape_on_one_side():
+    shape_id = np.repeat(np.arange(200, dtype=np.uint64), 3)
+    split = split_by_shape(shape_id, seed=0)
+    for mask in (split.train, split.val, split.test):
+        per_shape = mask.reshape(200, 3)
+        assert np.all(per_shape.all(axis=1) | ~per_shape.any(axis=1))
+    assert (split.train ^ split.val ^ split.test).all()

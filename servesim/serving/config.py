@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from servesim.errors import ServesimError, suggest
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.engines import sglang_memory_defaults
+from servesim.kernels.engines import get_engine, sglang_memory_defaults
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryPlan, MemoryReserve, plan_memory
 from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
-
-ENGINES = ("vllm", "sglang")
 
 #: vLLM's non-torch memory per GPU (CUDA context, NCCL communicators, cuBLAS workspaces): it is measured during
 #: start-up and kept out of the KV cache (vllm/v1/worker/gpu_worker.py ``determine_available_memory``).
@@ -36,7 +33,6 @@ class EngineConfig:
     max_num_batched_tokens: int  # vLLM token budget per step; SGLang chunked_prefill_size
     max_num_seqs: int  # vLLM max_num_seqs; SGLang max_running_requests
     block_size: int  # tokens per KV page
-    cuda_graph_max_batch: int  # decode batches up to this size replay a CUDA graph
     enable_chunked_prefill: bool = True
 
     def with_overrides(self, **overrides: float | int | None) -> "EngineConfig":
@@ -53,33 +49,33 @@ def _sglang_mem_fraction_static(gpu_mib: float, chunked_prefill_size: int, cuda_
 
 
 def default_engine_config(engine: str, gpu: GpuSpec, par: Parallelism) -> EngineConfig:
-    """The engine's defaults for this GPU and layout, as its server would pick them (docs/engines.md)."""
-    if engine == "vllm":
+    """The engine's defaults for this GPU and layout, as its server would pick them (docs/engines.md).
+
+    The engine and its version are the kernel expanders' (servesim/kernels/engines.py), so memory, batching and
+    kernels always describe the same release; CUDA-graph capture lives there too.
+    """
+    kernels_engine = get_engine(engine)
+    version = kernels_engine.version
+    if kernels_engine.name == "vllm":
         # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.
         big = gpu.memory_gib >= 70 and not gpu.name.upper().startswith("A100")
-        max_num_seqs = 1024 if big else 256
         return EngineConfig(
             engine="vllm",
-            version="0.11",
+            version=version,
             memory_fraction=0.9,
             max_num_batched_tokens=8192 if big else 2048,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=1024 if big else 256,
             block_size=16,
-            cuda_graph_max_batch=min(2 * max_num_seqs, 512),
         )
-    if engine == "sglang":
-        gpu_mib = gpu.memory_gib * 1024
-        chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
-        return EngineConfig(
-            engine="sglang",
-            version="0.5.6",
-            memory_fraction=_sglang_mem_fraction_static(gpu_mib, chunk, graph_max, par),
-            max_num_batched_tokens=chunk,
-            max_num_seqs=4096,  # upper clamp; the KV pool usually binds first (model_runner.py)
-            block_size=1,
-            cuda_graph_max_batch=graph_max,
-        )
-    raise ServesimError(f"unknown engine {engine!r}.{suggest(engine, ENGINES)} Use one of {', '.join(ENGINES)}.")
+    chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
+    return EngineConfig(
+        engine="sglang",
+        version=version,
+        memory_fraction=_sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par),
+        max_num_batched_tokens=chunk,
+        max_num_seqs=4096,  # upper clamp; the KV pool usually binds first (model_runner.py)
+        block_size=1,
+    )
 
 
 def activation_reserve_bytes(model: ModelConfig, par: Parallelism, cfg: EngineConfig) -> float:

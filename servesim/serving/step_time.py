@@ -50,6 +50,14 @@ class StepTime:
         return max(self.stage_us)
 
 
+def _comm_implementation(collective: Collective, in_graph: bool) -> str:
+    """The communication model's name for the implementation the expansion chose (the custom all-reduce runs
+    from registered buffers inside a CUDA graph, from an extra copy outside one)."""
+    if collective.implementation == "custom_ar":
+        return "custom_graph" if in_graph else "custom_eager"
+    return collective.implementation
+
+
 def _kernel_gpu_us(kernel_us: np.ndarray, eager: bool) -> np.ndarray:
     return np.maximum(kernel_us, EAGER_LAUNCH_US) if eager else kernel_us
 
@@ -97,7 +105,14 @@ class StepTimeModel:
 
             op = "send_recv" if collective.op in ("send", "recv") else collective.op
             self._collective_us[key] = float(
-                collective_time_us(op, collective.bytes, collective.group_size, self.gpu, engine=self.engine, cuda_graph=in_graph)
+                collective_time_us(
+                    op,
+                    collective.bytes,
+                    collective.group_size,
+                    self.gpu,
+                    implementation=_comm_implementation(collective, in_graph),
+                    engine=self.engine,
+                )
             )
         return self._collective_us[key]
 

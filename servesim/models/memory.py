@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servesim.errors import ServesimError
+from servesim.kernels.types import DTYPE_BYTES
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import (
     Parallelism,
@@ -20,17 +21,16 @@ from servesim.models.parallel import (
     validate_parallelism,
 )
 
-#: Bytes per element of the weight and KV dtypes servesim plans for.
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+#: The weight and KV-cache dtypes servesim plans memory for (their sizes come from the kernels' dtype table).
+STORAGE_DTYPES = ("bf16", "fp16", "fp8")
 
 GIB = 2**30
 
 
 def dtype_bytes(dtype: str) -> int:
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ServesimError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}") from None
+    if dtype not in STORAGE_DTYPES:
+        raise ServesimError(f"unknown dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
+    return int(DTYPE_BYTES[dtype])
 
 
 def layer_weight_params_per_gpu(model: ModelConfig, tp: int, layer: int) -> tuple[float, float]:

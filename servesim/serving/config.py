@@ -56,6 +56,8 @@ def default_engine_config(engine: str, gpu: GpuSpec, par: Parallelism) -> Engine
     """
     kernels_engine = get_engine(engine)
     version = kernels_engine.version
+    # The KV page is the attention backend's: vLLM's blocks of 16, SGLang's single tokens or 64-token trtllm pages.
+    block_size = kernels_engine.page_size(kernels_engine.attention_backend(gpu.architecture))
     if kernels_engine.name == "vllm":
         # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.
         big = gpu.memory_gib >= 70 and not gpu.name.upper().startswith("A100")
@@ -65,7 +67,7 @@ def default_engine_config(engine: str, gpu: GpuSpec, par: Parallelism) -> Engine
             memory_fraction=0.9,
             max_num_batched_tokens=8192 if big else 2048,
             max_num_seqs=1024 if big else 256,
-            block_size=16,
+            block_size=block_size,
         )
     chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
     return EngineConfig(
@@ -74,7 +76,7 @@ def default_engine_config(engine: str, gpu: GpuSpec, par: Parallelism) -> Engine
         memory_fraction=_sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par),
         max_num_batched_tokens=chunk,
         max_num_seqs=4096,  # upper clamp; the KV pool usually binds first (model_runner.py)
-        block_size=1,
+        block_size=block_size,
     )
 
 

@@ -55,6 +55,22 @@ class StepOp:
 
 
 @dataclass(frozen=True)
+class OpRun:
+    """Ops that run once in each layer of ``layers`` in turn, or once outside the layers (``layers`` None).
+
+    A step is a handful of runs (stage input, layer 0, the repeated body, stage output), so consumers that only
+    need totals, such as step times, work on the few distinct ops instead of every layer's copy.
+    """
+
+    layers: range | None
+    ops: tuple[Op, ...]
+
+    @property
+    def repeats(self) -> int:
+        return 1 if self.layers is None else len(self.layers)
+
+
+@dataclass(frozen=True)
 class StepKernels:
     """The ordered kernels and collectives of one engine step on one GPU of one pipeline stage."""
 
@@ -70,14 +86,30 @@ class StepKernels:
     attention_backend: str
     graph_mode: str  # full | piecewise | none
     padded_tokens: int  # tokens the graphed kernels see (the batch's tokens when eager)
-    ops: tuple[StepOp, ...]
-    flops: float
-    bytes_moved: float
-    collective_bytes: float
+    runs: tuple[OpRun, ...]
 
     @property
     def in_cuda_graph(self) -> bool:
         return self.graph_mode != "none"
+
+    @functools.cached_property
+    def ops(self) -> tuple[StepOp, ...]:
+        """Every op in launch order, tagged with its layer."""
+        return tuple(
+            StepOp(layer, op)
+            for run in self.runs
+            for layer in (run.layers if run.layers is not None else (None,))
+            for op in run.ops
+        )
+
+    @functools.cached_property
+    def op_counts(self) -> tuple[tuple[Op, int], ...]:
+        """Each distinct op of the step with the number of times it runs, in first-launch order."""
+        counts: dict[Op, int] = {}
+        for run in self.runs:
+            for op in run.ops:
+                counts[op] = counts.get(op, 0) + run.repeats
+        return tuple(counts.items())
 
     @property
     def kernels(self) -> tuple[StepOp, ...]:
@@ -87,8 +119,23 @@ class StepKernels:
     def collectives(self) -> tuple[StepOp, ...]:
         return tuple(s for s in self.ops if isinstance(s.op, Collective))
 
+    @functools.cached_property
+    def flops(self) -> float:
+        return float(sum(op.flops() * n for op, n in self.op_counts if isinstance(op, Kernel)))
+
+    @functools.cached_property
+    def bytes_moved(self) -> float:
+        return float(sum(op.bytes_moved() * n for op, n in self.op_counts if isinstance(op, Kernel)))
+
+    @functools.cached_property
+    def collective_bytes(self) -> float:
+        return float(sum(op.bytes * n for op, n in self.op_counts if isinstance(op, Collective)))
+
     def layer_ops(self, layer: int) -> tuple[Op, ...]:
-        return tuple(s.op for s in self.ops if s.layer == layer)
+        for run in self.runs:
+            if run.layers is not None and layer in run.layers:
+                return run.ops
+        return ()
 
     def layer_runs(self) -> list[tuple[int, int, tuple[Op, ...]]]:
         """Consecutive layers with identical sequences as ``(first, last, ops)``, e.g. ``(1, 79, ...)``."""
@@ -371,7 +418,7 @@ def _expand_cached(
     )
     layers = stage_layers(model.num_layers, pp, stage)
     body: dict[bool, tuple[Op, ...]] = {}  # layer body by "is MoE", built once (layer 0 differs, built apart)
-    ops: list[StepOp] = [StepOp(None, op) for op in _stage_input(ctx, stage)]
+    runs: list[OpRun] = [OpRun(None, tuple(_stage_input(ctx, stage)))]
     for layer in layers:
         if layer == 0:
             layer_ops = tuple(_layer(ctx, 0))
@@ -380,10 +427,13 @@ def _expand_cached(
             if key not in body:
                 body[key] = tuple(_layer(ctx, layer))
             layer_ops = body[key]
-        ops.extend(StepOp(layer, op) for op in layer_ops)
-    ops.extend(StepOp(None, op) for op in _stage_output(ctx, stage == pp - 1, plan))
+        previous = runs[-1]
+        if previous.layers is not None and previous.ops is layer_ops:
+            runs[-1] = OpRun(range(previous.layers.start, layer + 1), layer_ops)
+        else:
+            runs.append(OpRun(range(layer, layer + 1), layer_ops))
+    runs.append(OpRun(None, tuple(_stage_output(ctx, stage == pp - 1, plan))))
 
-    kernels = [s.op for s in ops if isinstance(s.op, Kernel)]
     return StepKernels(
         engine=config.name,
         engine_version=config.version,
@@ -397,8 +447,5 @@ def _expand_cached(
         attention_backend=ctx.backend,
         graph_mode=plan.mode,
         padded_tokens=plan.padded_tokens,
-        ops=tuple(ops),
-        flops=float(sum(k.flops() for k in kernels)),
-        bytes_moved=float(sum(k.bytes_moved() for k in kernels)),
-        collective_bytes=float(sum(s.op.bytes for s in ops if isinstance(s.op, Collective))),
+        runs=tuple(run for run in runs if run.ops),
     )

@@ -119,18 +119,20 @@ class StepTimeModel:
     def _stage_time(self, step: StepKernels) -> tuple[float, float, int]:
         """(kernel µs, collective µs, graph launches) of one stage's step."""
         eager = step.graph_mode == "none"
-        kernels = [s.op for s in step.kernels]
+        kernels = [op for op, _ in step.op_counts if isinstance(op, Kernel)]
+        repeats = np.array([n for op, n in step.op_counts if isinstance(op, Kernel)])
         kernel_us = _kernel_gpu_us(self.kernel_times_us(kernels), eager)
         if step.graph_mode == "piecewise":
             # Attention runs eagerly between the captured pieces: it pays the launch floor, and each piece is a
             # graph launch (one per attention call plus one).
             attention = np.array([k.category.startswith("attn") for k in kernels])
             kernel_us = np.where(attention, np.maximum(kernel_us, EAGER_LAUNCH_US), kernel_us)
-            launches = int(attention.sum()) + 1
+            launches = int(repeats[attention].sum()) + 1
         else:
             launches = 0 if eager else 1
-        comm_us = sum(self.collective_time_us(s.op, not eager) for s in step.collectives)
-        return float(kernel_us.sum()), comm_us, launches
+        comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in step.op_counts
+                      if isinstance(op, Collective))
+        return float(kernel_us @ repeats), comm_us, launches
 
     def _step_time_us(self, batch: BatchSpec) -> StepTime:
         stage_us, compute_us, comm_us, launches = [], 0.0, 0.0, 0

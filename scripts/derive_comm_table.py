@@ -2,9 +2,11 @@
 
     .venv/bin/python scripts/derive_comm_table.py [--vidur ../shared/data/vidur]
 
-Needs the training extra (aiconfigurator-core). The engines' custom all-reduce rows of servers without NVLink are
-left out: servesim never selects that kernel there (see ``servesim/comm/selection.py``), and on more than two PCIe
-GPUs the engines disable it.
+Needs the training extra (aiconfigurator-core). The engines' custom all-reduce rows of groups the engine would
+never run its kernel on are left out (``servesim/comm/selection.py``): servers without NVLink, where the engines
+disable it beyond two GPUs and servesim never selects it; vLLM groups spanning the compute trays of an NVL72
+rack (vLLM keeps the kernel to one host); groups of 16 GPUs (both engines' kernels take 2 to 8). servesim cannot
+be asked for those, so they neither train nor score the model.
 """
 
 from __future__ import annotations
@@ -15,10 +17,17 @@ import click
 import numpy as np
 
 from servesim.comm.measurements import TABLE_FILE, table_from_frame
+from servesim.comm.selection import custom_ar_supported
 from servesim.comm.systems import MEASURED_SYSTEMS
+from servesim.comm.topology import group_topology
 from servesim.data.comm import read_comm_measurements
 
 _DEFAULT_VIDUR = Path(__file__).resolve().parents[2] / "shared" / "data" / "vidur"
+
+
+def engine_runs_custom_kernel(system: str, engine: str, group_size: int, nodes: int) -> bool:
+    topo = group_topology(MEASURED_SYSTEMS[system].interconnect, group_size, nodes)
+    return custom_ar_supported(topo, engine)
 
 
 @click.command()
@@ -28,9 +37,13 @@ _DEFAULT_VIDUR = Path(__file__).resolve().parents[2] / "shared" / "data" / "vidu
               default=Path(__file__).resolve().parents[1] / "servesim" / "comm" / TABLE_FILE, show_default=True)
 def main(vidur_dir: Path, out: Path) -> None:
     frame = read_comm_measurements(vidur_dir=vidur_dir if vidur_dir.exists() else None)
-    without_nvlink = {name for name, s in MEASURED_SYSTEMS.items() if s.interconnect.nvlink_unidir_bandwidth_gbps == 0}
-    frame = frame[~(frame["system"].isin(without_nvlink) & (frame["implementation"] != "nccl"))]
-    frame = frame.sort_values(["system", "op", "implementation", "engine", "group_size", "nodes", "message_bytes"])
+    configurations = frame[["system", "engine", "group_size", "nodes"]].drop_duplicates()
+    runs = {tuple(key): key[1] == "" or engine_runs_custom_kernel(*key)
+            for key in configurations.itertuples(index=False)}
+    keep = [runs[key] for key in zip(frame["system"], frame["engine"], frame["group_size"], frame["nodes"])]
+    click.echo(f"left out {len(frame) - sum(keep)} custom all-reduce rows of groups the engine does not run it on")
+    frame = frame[keep].sort_values(["system", "op", "implementation", "engine", "version", "group_size", "nodes",
+                                     "message_bytes"])
     np.savez_compressed(out, **table_from_frame(frame))
     click.echo(f"wrote {len(frame)} rows of {frame['system'].nunique()} systems to {out}")
 

@@ -4,6 +4,7 @@ import pytest
 
 from servesim.comm.measurements import load_table
 from servesim.comm.systems import MEASURED_SYSTEMS
+from servesim.comm.topology import Interconnect
 from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
 
@@ -18,6 +19,7 @@ def test_interconnect_matches_catalogue(name):
     assert gpu.nvlink_unidir_bandwidth_gbps == pytest.approx(system.interconnect.nvlink_unidir_bandwidth_gbps, rel=0.05)
     assert gpu.nvswitch == system.interconnect.nvswitch
     assert gpu.architecture == system.interconnect.architecture
+    assert Interconnect.from_gpu(gpu).gpus_per_host == system.interconnect.gpus_per_host
 
 
 def test_every_shipped_system_is_described():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
+from servesim.comm.evaluate import BREAKDOWNS
 
 _IMPLEMENTATIONS = ("auto", "nccl", "custom_graph", "custom_eager")
 
@@ -67,23 +68,28 @@ _collective_command("sendrecv", "send_recv", "Time one point-to-point send/recv 
 
 
 @eval_group.command("comm")
-@click.option("--no-unseen", is_flag=True, help="Skip leave-one-system-out (one fit per system, ~20 s).")
+@click.option("--no-unseen", is_flag=True, help="Skip leave-one-system-out (one fit per system).")
 @click.option("--summary", is_flag=True, help="Only one row per system.")
+@click.option("--by", type=click.Choice(BREAKDOWNS), default="collective", show_default=True,
+              help="Split each system's rows by collective, by group size or by message-size band.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the cross-validation folds and the forests.")
 @output_format_options
-def eval_comm(no_unseen: bool, summary: bool, output_format: str) -> None:
-    """MAPE of the communication model per system and collective: seen (random 20% held out) and unseen
-    (leave one system out)."""
+def eval_comm(no_unseen: bool, summary: bool, by: str, seed: int, output_format: str) -> None:
+    """MAPE of the communication model per system and collective: seen (five-fold cross-validation) and unseen
+    (leave one system out), on each system's newest engine release."""
     from servesim.comm.evaluate import evaluate
 
-    rows = evaluate(unseen=not no_unseen)
+    rows = evaluate(unseen=not no_unseen, seed=seed, by=by)
     if summary:
-        rows = [r for r in rows if r["collective"] == "all"]
-    columns = [Column("system", "system", align="<"), Column("collective", "collective", align="<"),
+        rows = [r for r in rows if r[by] == "all"]
+    columns = [Column("system", "system", align="<"), Column(by, by, align="<"),
                Column("rows", "rows"), Column("seen_mape_pct", "seen MAPE %", ".1f"),
                Column("unseen_mape_pct", "unseen MAPE %", ".1f")]
     emit(rows, columns, output_format, title="Communication model accuracy (mean absolute percentage error)",
-         notes=["seen: forest fitted on a seeded random 80% of rows, scored on the other 20%;",
-                "unseen: the system's rows left out of training (leave-one-system-out)."])
+         notes=["seen: five-fold cross-validation over the measured points (seeded folds), every point scored once;",
+                "unseen: the system's rows left out of training (leave-one-system-out);",
+                "rows: those of each system's newest engine release (older releases only train)."])
 
 
 COMMANDS = [kernel_group, eval_group]

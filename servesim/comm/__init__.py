@@ -65,7 +65,7 @@ def collective_time_us(op: str, message_bytes, group_size: int, gpu: GpuSpec, im
         chosen = select_allreduce(engine, topo, size, cuda_graph) if op == "all_reduce" else "nccl"
         chosen = np.broadcast_to(np.asarray(chosen, dtype=object), size.shape)
     else:
-        _check_implementation(op, implementation, topo, gpu)
+        _check_implementation(op, implementation, topo, gpu, engine)
         chosen = np.full(size.shape, implementation, dtype=object)
     model = default_model()
     result = np.empty(size.shape)
@@ -75,15 +75,15 @@ def collective_time_us(op: str, message_bytes, group_size: int, gpu: GpuSpec, im
     return float(result) if result.ndim == 0 else result
 
 
-def _check_implementation(op: str, implementation: str, topo: GroupTopology, gpu: GpuSpec) -> None:
+def _check_implementation(op: str, implementation: str, topo: GroupTopology, gpu: GpuSpec, engine: str) -> None:
     if implementation not in IMPLEMENTATIONS:
         raise ServesimError(f"unknown implementation {implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
     if implementation == "nccl":
         return
     if op != "all_reduce":
         raise ServesimError(f"the engines' custom kernel only does all-reduce, not {op}; use implementation 'nccl'")
-    if not custom_ar_supported(topo):
+    if not custom_ar_supported(topo, engine):
         raise ServesimError(
-            f"the custom all-reduce needs {topo.group_size} GPUs (2, 4, 6 or 8) fully connected by NVLink in one "
-            f"server, which {gpu.name} does not offer; use implementation 'nccl'"
+            f"{engine}'s custom all-reduce needs {topo.group_size} GPUs (2, 4, 6 or 8) fully connected by NVLink in "
+            f"one server (one host for vllm), which {gpu.name} does not offer; use implementation 'nccl'"
         )

@@ -10,10 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-#: Forest settings: small enough to fit in about a second on one core, deep enough to follow the size sweep.
+#: Forest settings: small enough to fit in a few seconds on one core. Every tree sees every row and grows until
+#: its leaves are single rows, so a measured point is reproduced and the trees differ only in the features each
+#: split may use: a configuration's size sweep is sparse (about 20 points), and a bootstrap sample would drop a
+#: third of it from each tree.
 N_TREES = 48
-MIN_SAMPLES_LEAF = 2
+MIN_SAMPLES_LEAF = 1
 MAX_FEATURES = 0.7
+BOOTSTRAP = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,7 +57,7 @@ def fit_forest(features: np.ndarray, target: np.ndarray, seed: int = 0) -> Porta
     from sklearn.ensemble import RandomForestRegressor
 
     forest = RandomForestRegressor(n_estimators=N_TREES, min_samples_leaf=MIN_SAMPLES_LEAF, max_features=MAX_FEATURES,
-                                   random_state=seed, n_jobs=1).fit(features, target)
+                                   random_state=seed, n_jobs=1, bootstrap=BOOTSTRAP).fit(features, target)
     roots, feature, threshold, left, right, value = [], [], [], [], [], []
     offset = 0
     for estimator in forest.estimators_:

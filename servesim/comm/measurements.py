@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -21,11 +21,21 @@ TABLE_FILE = "comm_measurements.npz"
 #: Engine codes of a row: NCCL rows belong to no engine.
 ENGINE_CODES = ("", "vllm", "sglang")
 _INT_COLUMNS = ("system", "op", "implementation", "engine", "group_size", "nodes")
+_COLUMNS = (*_INT_COLUMNS, "engine_release", "newest", "message_bytes", "latency_us")
+
+
+def release_number(version: str) -> float:
+    """An engine release as one increasing number: '0.24.0' -> 2400, '0.5.14' -> 514 ('' -> 0, NCCL rows)."""
+    parts = [int(p) for p in re.findall(r"\d+", version)[:3]] + [0, 0, 0]
+    return float(parts[0] * 10000 + parts[1] * 100 + parts[2])
 
 
 @dataclass(frozen=True, eq=False)
 class MeasurementTable:
-    """Column arrays, one entry per measured (configuration, message size); codes index the name tuples."""
+    """Column arrays, one entry per measured (configuration, engine release, message size); codes index the name
+    tuples. ``engine_release`` is :func:`release_number` of the engine release a custom all-reduce row was timed
+    with (0 for NCCL rows); ``newest`` marks the rows of the newest release measured on their system, the ones
+    accuracy is reported on (older releases only train)."""
 
     systems: tuple[str, ...]
     system: np.ndarray
@@ -34,6 +44,8 @@ class MeasurementTable:
     engine: np.ndarray
     group_size: np.ndarray
     nodes: np.ndarray
+    engine_release: np.ndarray
+    newest: np.ndarray
     message_bytes: np.ndarray
     latency_us: np.ndarray
     sources: tuple[str, ...]
@@ -43,8 +55,24 @@ class MeasurementTable:
         return len(self.latency_us)
 
     def subset(self, mask: np.ndarray) -> "MeasurementTable":
-        columns = {name: getattr(self, name)[mask] for name in (*_INT_COLUMNS, "message_bytes", "latency_us")}
+        columns = {name: getattr(self, name)[mask] for name in _COLUMNS}
         return MeasurementTable(systems=self.systems, sources=self.sources, digest=self.digest, **columns)
+
+
+def prediction_releases(table: MeasurementTable) -> dict[str, float]:
+    """Per engine, the release predictions are made for: the newest one measured on at least half of the systems
+    that have that engine's tables (vLLM 0.24.0 and SGLang 0.5.14 in the shipped table; vLLM 0.27.0 was measured
+    on the GB300 alone)."""
+    releases = {"": 0.0}
+    for code, engine in enumerate(ENGINE_CODES):
+        rows = table.engine == code
+        if not engine or not rows.any():
+            continue
+        pairs = np.unique(np.column_stack([table.engine_release[rows], table.system[rows]]), axis=0)
+        candidates, systems_measured = np.unique(pairs[:, 0], return_counts=True)
+        widespread = candidates[systems_measured * 2 >= len(np.unique(pairs[:, 1]))]
+        releases[engine] = float(widespread.max())
+    return releases
 
 
 def table_from_frame(frame) -> dict[str, np.ndarray]:
@@ -53,6 +81,8 @@ def table_from_frame(frame) -> dict[str, np.ndarray]:
     if unknown:
         raise ValueError(f"measured systems without an interconnect description: {unknown}")
     systems = tuple(sorted(set(frame["system"])))
+    release = frame["version"].map(release_number)
+    newest = release == release.groupby([frame["system"], frame["engine"]]).transform("max")
     return {
         "systems": np.array(systems),
         "system": frame["system"].map(systems.index).to_numpy(np.int16),
@@ -61,6 +91,8 @@ def table_from_frame(frame) -> dict[str, np.ndarray]:
         "engine": frame["engine"].map(ENGINE_CODES.index).to_numpy(np.int8),
         "group_size": frame["group_size"].to_numpy(np.int16),
         "nodes": frame["nodes"].to_numpy(np.int16),
+        "engine_release": release.to_numpy(np.float64),
+        "newest": newest.to_numpy(bool),
         "message_bytes": frame["message_bytes"].to_numpy(np.float64),
         "latency_us": frame["latency_us"].to_numpy(np.float64),
         "sources": np.array(sorted(set(frame["source"]))),
@@ -81,8 +113,3 @@ def load_table() -> MeasurementTable:
         digest=hashlib.sha256(raw).hexdigest()[:16],
         **arrays,
     )
-
-
-def describe(table: MeasurementTable) -> str:
-    """One JSON line naming the table's systems, sources and size (for docs and ``eval`` output)."""
-    return json.dumps({"rows": len(table), "systems": list(table.systems), "sources": list(table.sources)})

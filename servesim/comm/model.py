@@ -1,13 +1,20 @@
 """Collective latency: alpha-beta physics times a random-forest correction learned from measurements.
 
 The forest predicts ``log(measured / analytical)`` from the message size, the group and what its links physically
-are (NVLink bandwidth, full connectivity, in-switch reduction, NVLink domain size, PCIe peer traffic through the
-CPU, network) and the analytical terms themselves, so a GPU never measured is predicted from its interconnect
-figures. Figures that only name a product (architecture, PCIe bandwidth of an NVLink server) are left out: the
-forest would use them to copy a look-alike system (an A100 taken for the PCIe Gen4 L40S) rather than to generalise.
-One forest per timing harness, each fitted on that harness's rows only, so Python-timed rows never bend the
-kernel-timed predictions a user gets. For one configuration the prediction is a curve over a fixed grid of
-message sizes, made non-decreasing and interpolated in log-log space: latency never falls as messages grow.
+are (NVLink bandwidth, full connectivity, in-switch reduction, NVLink domain size, hosts the group spans, PCIe
+peer traffic through the CPU, network), the analytical terms themselves, the engine release a custom all-reduce
+was timed with and the timing harness, so a GPU never measured is predicted from its interconnect figures.
+Figures that only name a product (architecture, PCIe bandwidth of an NVLink server) are left out: the forest would
+use them to copy a look-alike system (an A100 taken for the PCIe Gen4 L40S) rather than to generalise.
+
+Two forests, one per timing harness. The kernel-timed one (nccl-tests style, what users get) learns from the
+kernel-timed rows and from those Python-timed Vidur rows whose analytical time is at least
+:data:`SHARED_ANALYTICAL_US`, where Python's per-call overhead is a small part of the time: they are the only
+measurements of PCIe rings beyond a pair in servers with working peer-to-peer (Vidur's pairwise-NVLink boxes).
+The Python-timed forest learns from Vidur's rows alone and predicts only them. Engine releases are predicted as
+:func:`~servesim.comm.measurements.prediction_releases` says. For one configuration the prediction is a curve
+over a fixed grid of message sizes, made non-decreasing and interpolated in log-log space: latency never falls
+as messages grow.
 
 The forests are fitted on first use from the shipped measurement table and cached as plain arrays under the user
 cache directory, keyed by the table's digest and :data:`MODEL_VERSION`.
@@ -23,21 +30,30 @@ from pathlib import Path
 
 import numpy as np
 
-from servesim.comm.analytical import ALGORITHMS, IMPLEMENTATIONS, LAUNCH_US, OPS, alpha_beta_us
+from servesim.comm.analytical import IMPLEMENTATIONS, LAUNCH_US, OPS, alpha_beta_us, analytical_time_us
 from servesim.comm.forest import PortableForest, fit_forest
-from servesim.comm.measurements import ENGINE_CODES, MeasurementTable, load_table
+from servesim.comm.measurements import ENGINE_CODES, MeasurementTable, load_table, prediction_releases
 from servesim.comm.systems import HARNESSES, MEASURED_SYSTEMS
 from servesim.comm.topology import GroupTopology, group_topology
 
 #: Bump when features, targets or forest settings change: it invalidates cached forests.
-MODEL_VERSION = "comm-2"
+MODEL_VERSION = "comm-3"
 #: Message-size grid of the prediction curves: 2^6 B to 2^32 B in quarter octaves.
 GRID_LOG2_BYTES = np.arange(6.0, 32.0 + 1e-9, 0.25)
+#: Triangular weights over ±half an octave of the grid, applied to the forest's correction along a curve. The
+#: correction is piecewise constant in the message size, stepping about halfway between measured sizes; averaged,
+#: the steps become ramps, so a size between two measured ones gets an interpolated correction rather than its
+#: neighbour's (latency is smooth in the size).
+SMOOTHING_WEIGHTS = np.array([1.0, 2.0, 3.0, 2.0, 1.0]) / 9.0
+#: Python-timed rows also teach the kernel-timed forest where their analytical time is at least this (µs): ten
+#: times what a Python call costs (the engines' eager custom all-reduce of the smallest messages, host-bound,
+#: takes 20-30 µs on the H100, H200, B200 and B300 servers).
+SHARED_ANALYTICAL_US = 300.0
 
 
-def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.ndarray,
-                   topo: GroupTopology) -> tuple[np.ndarray, np.ndarray]:
-    """(features rows x 18, analytical time µs) of one configuration over many message sizes."""
+def feature_matrix(op: str, implementation: str, engine: str, engine_release: float, message_bytes: np.ndarray,
+                   topo: GroupTopology, harness: str = HARNESSES[0]) -> tuple[np.ndarray, np.ndarray]:
+    """(features rows x 21, analytical time µs) of one configuration over many message sizes."""
     size = np.asarray(message_bytes, dtype=float)
     latency, bandwidth, algorithm = alpha_beta_us(op, implementation, size, topo)
     analytical = LAUNCH_US[implementation] + latency + bandwidth
@@ -46,6 +62,8 @@ def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.
         OPS.index(op) * constant,
         IMPLEMENTATIONS.index(implementation) * constant,
         ENGINE_CODES.index(engine if implementation != "nccl" else "") * constant,
+        (engine_release if implementation != "nccl" else 0.0) * constant,
+        HARNESSES.index(harness) * constant,
         np.log2(size),
         topo.group_size * constant,
         topo.nodes * constant,
@@ -54,6 +72,7 @@ def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.
         float(topo.fully_connected) * constant,
         float(topo.nvlink_sharp) * constant,
         np.log2(topo.domain_gpus) * constant,
+        np.log2(topo.hosts) * constant,
         float(topo.p2p_via_cpu) * constant,
         np.log2(1.0 + topo.inter_node_bandwidth_gbps) * constant,
         np.log2(analytical),
@@ -66,76 +85,99 @@ def feature_matrix(op: str, implementation: str, engine: str, message_bytes: np.
 
 
 def _configurations(table: MeasurementTable):
-    """Yield (row indices, op, implementation, engine, topology, harness) per measured configuration."""
-    keys = np.column_stack([table.system, table.op, table.implementation, table.engine, table.group_size, table.nodes])
+    """Yield (row indices, op, implementation, engine, engine release, topology, harness) per measured
+    configuration."""
+    keys = np.column_stack([table.system, table.op, table.implementation, table.engine, table.engine_release,
+                            table.group_size, table.nodes])
     unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    for index, (system, op, impl, engine, group_size, nodes) in enumerate(unique):
-        measured = MEASURED_SYSTEMS[table.systems[system]]
+    for index, (system, op, impl, engine, release, group_size, nodes) in enumerate(unique):
+        measured = MEASURED_SYSTEMS[table.systems[int(system)]]
         topo = group_topology(measured.interconnect, int(group_size), int(nodes))
         rows = np.flatnonzero(inverse.ravel() == index)
-        yield rows, OPS[op], IMPLEMENTATIONS[impl], ENGINE_CODES[engine], topo, measured.harness
+        yield rows, OPS[int(op)], IMPLEMENTATIONS[int(impl)], ENGINE_CODES[int(engine)], release, topo, measured.harness
 
 
 def training_arrays(table: MeasurementTable) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per timing harness measured in ``table``: (features, log of measured/analytical) of its rows."""
+    """Per timing harness measured in ``table``: (features, log of measured/analytical) of the rows it learns
+    from (see the module docstring for the Python-timed rows the kernel-timed forest shares)."""
     arrays: dict[str, tuple[list, list]] = {}
-    for rows, op, impl, engine, topo, harness in _configurations(table):
-        x, analytical = feature_matrix(op, impl, engine, table.message_bytes[rows], topo)
+
+    def add(harness: str, x: np.ndarray, y: np.ndarray) -> None:
         features, targets = arrays.setdefault(harness, ([], []))
         features.append(x)
-        targets.append(np.log(table.latency_us[rows] / analytical))
+        targets.append(y)
+
+    for rows, op, impl, engine, release, topo, harness in _configurations(table):
+        x, analytical = feature_matrix(op, impl, engine, release, table.message_bytes[rows], topo, harness)
+        y = np.log(table.latency_us[rows] / analytical)
+        add(harness, x, y)
+        if harness != HARNESSES[0]:
+            shared = analytical >= SHARED_ANALYTICAL_US
+            add(HARNESSES[0], x[shared], y[shared])
     return {harness: (np.vstack(x), np.concatenate(y)) for harness, (x, y) in arrays.items()}
 
 
 @dataclass(frozen=True, eq=False)
 class CommModel:
-    """A fitted correction forest per timing harness and the prediction curves computed from them so far."""
+    """A fitted correction forest per timing harness, the engine releases predictions are made for, and the
+    prediction curves computed so far."""
 
     forests: dict[str, PortableForest]
+    releases: dict[str, float]
     _curves: dict = field(default_factory=dict, repr=False)
 
     def curve_us(self, op: str, implementation: str, engine: str, topo: GroupTopology,
-                 harness: str = HARNESSES[0]) -> np.ndarray:
+                 harness: str = HARNESSES[0], engine_release: float | None = None) -> np.ndarray:
         """Non-decreasing latency (µs) over :data:`GRID_LOG2_BYTES` for one configuration.
 
-        A harness with no measurements of its own is predicted as kernel-timed (nccl-tests). The forest's
-        log-latencies are fitted with an isotonic (pool-adjacent-violators) regression rather than
-        a running maximum, so one noisy grid point is averaged away instead of lifting every larger size.
+        ``engine_release`` None means the release in :attr:`releases`. A harness with no forest of its own is
+        predicted as kernel-timed (nccl-tests). The forest's correction is smoothed (:data:`SMOOTHING_WEIGHTS`)
+        and the log-latencies are fitted with an isotonic (pool-adjacent-violators) regression rather than a
+        running maximum, so one noisy grid point is averaged away instead of lifting every larger size.
         """
         from sklearn.isotonic import isotonic_regression
 
-        key = (op, implementation, engine if implementation != "nccl" else "", topo, harness)
+        engine = engine if implementation != "nccl" else ""
+        release = self.releases.get(engine, 0.0) if engine_release is None else engine_release
+        harness = harness if harness in self.forests else HARNESSES[0]
+        key = (op, implementation, engine, release, topo, harness)
         if key not in self._curves:
-            x, analytical = feature_matrix(op, implementation, engine, 2.0**GRID_LOG2_BYTES, topo)
-            forest = self.forests.get(harness, self.forests[HARNESSES[0]])
-            log_latency = np.log(analytical) + forest.predict(x)
+            x, analytical = feature_matrix(op, implementation, engine, release, 2.0**GRID_LOG2_BYTES, topo, harness)
+            log_latency = np.log(analytical) + _smooth(self.forests[harness].predict(x))
             self._curves[key] = np.exp(isotonic_regression(log_latency, increasing=True))
         return self._curves[key]
 
     def time_us(self, op: str, implementation: str, engine: str, message_bytes: np.ndarray,
-                topo: GroupTopology, harness: str = HARNESSES[0]) -> np.ndarray:
+                topo: GroupTopology, harness: str = HARNESSES[0], engine_release: float | None = None) -> np.ndarray:
         """Latency (µs) per message size: the curve interpolated in log-log space, scaled like the analytical
         time beyond the grid's largest size."""
         size = np.asarray(message_bytes, dtype=float)
-        curve = self.curve_us(op, implementation, engine, topo, harness)
+        curve = self.curve_us(op, implementation, engine, topo, harness, engine_release)
         log2_size = np.log2(np.maximum(size, 1.0))
         inside = np.exp2(np.interp(log2_size, GRID_LOG2_BYTES, np.log2(curve)))
         largest = 2.0 ** GRID_LOG2_BYTES[-1]
-        _, analytical_end = feature_matrix(op, implementation, engine, np.array([largest]), topo)
-        _, analytical = feature_matrix(op, implementation, engine, np.maximum(size, largest), topo)
-        beyond = curve[-1] * analytical / analytical_end[0]
+        analytical_end = analytical_time_us(op, implementation, np.array([largest]), topo)
+        beyond = curve[-1] * analytical_time_us(op, implementation, np.maximum(size, largest), topo) / analytical_end
         return np.where(log2_size > GRID_LOG2_BYTES[-1], beyond, inside)
 
     def predict_table(self, table: MeasurementTable) -> np.ndarray:
-        """Predicted latency (µs) of every row of ``table`` (for evaluation)."""
+        """Predicted latency (µs) of every row of ``table``, each at its own engine release (for evaluation)."""
         predicted = np.empty(len(table))
-        for rows, op, impl, engine, topo, harness in _configurations(table):
-            predicted[rows] = self.time_us(op, impl, engine, table.message_bytes[rows], topo, harness)
+        for rows, op, impl, engine, release, topo, harness in _configurations(table):
+            predicted[rows] = self.time_us(op, impl, engine, table.message_bytes[rows], topo, harness, release)
         return predicted
 
 
+def _smooth(correction: np.ndarray) -> np.ndarray:
+    """:data:`SMOOTHING_WEIGHTS` applied along a curve, its end values repeated beyond its ends."""
+    half = len(SMOOTHING_WEIGHTS) // 2
+    padded = np.concatenate([np.full(half, correction[0]), correction, np.full(half, correction[-1])])
+    return np.convolve(padded, SMOOTHING_WEIGHTS, mode="valid")
+
+
 def fit_model(table: MeasurementTable, seed: int = 0) -> CommModel:
-    return CommModel({harness: fit_forest(x, y, seed) for harness, (x, y) in training_arrays(table).items()})
+    forests = {harness: fit_forest(x, y, seed) for harness, (x, y) in training_arrays(table).items()}
+    return CommModel(forests, prediction_releases(table))
 
 
 def cache_dir() -> Path:
@@ -168,7 +210,8 @@ def default_model() -> CommModel:
     harnesses = sorted({MEASURED_SYSTEMS[name].harness for name in table.systems}, key=HARNESSES.index)
     paths = {harness: _cache_path(table.digest, harness) for harness in harnesses}
     try:
-        return CommModel({harness: PortableForest.load(path) for harness, path in paths.items()})
+        return CommModel({harness: PortableForest.load(path) for harness, path in paths.items()},
+                         prediction_releases(table))
     except (OSError, ValueError, KeyError):
         pass
     model = fit_model(table)

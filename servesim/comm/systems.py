@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from servesim.comm.topology import Interconnect
 
 _AIC = "aiconfigurator-core 0.12 systems/{}.yaml node section"
+_NVL72 = ("; NVL72: one NVLink domain of 72 GPUs, compute trays of 4 GPUs each run by their own host "
+          "(num_gpus_per_node: 4, 2 Grace CPUs x 2 GPUs)")
 _VIDUR = "torch.distributed"
 
 #: Timing harnesses: aiconfigurator-core's collectors time the bare kernels with CUDA events (nccl-tests style);
@@ -57,12 +59,12 @@ MEASURED_SYSTEMS: dict[str, MeasuredSystem] = {
         _system("b300_sxm", "B300", _AIC.format("b300_sxm"),
                 architecture="blackwell", nvlink_unidir_bandwidth_gbps=900, nvswitch=True, pcie_gen=6,
                 pcie_unidir_bandwidth_gbps=128, gpus_per_node=8, inter_node_bandwidth_gbps=100),
-        _system("gb200", "GB200", _AIC.format("gb200") + "; NVL72: one NVLink domain of 72 GPUs",
+        _system("gb200", "GB200", _AIC.format("gb200") + _NVL72,
                 architecture="blackwell", nvlink_unidir_bandwidth_gbps=900, nvswitch=True, pcie_gen=5,
-                pcie_unidir_bandwidth_gbps=64, gpus_per_node=72, inter_node_bandwidth_gbps=900),
-        _system("gb300", "GB300", _AIC.format("gb300") + "; NVL72: one NVLink domain of 72 GPUs",
+                pcie_unidir_bandwidth_gbps=64, gpus_per_node=72, inter_node_bandwidth_gbps=900, gpus_per_host=4),
+        _system("gb300", "GB300", _AIC.format("gb300") + _NVL72,
                 architecture="blackwell", nvlink_unidir_bandwidth_gbps=900, nvswitch=True, pcie_gen=5,
-                pcie_unidir_bandwidth_gbps=64, gpus_per_node=72, inter_node_bandwidth_gbps=900),
+                pcie_unidir_bandwidth_gbps=64, gpus_per_node=72, inter_node_bandwidth_gbps=900, gpus_per_host=4),
         _system("l40s", "L40S", _AIC.format("l40s") + "; no NVLink; " + _L40S_P2P_VIA_CPU,
                 architecture="ada", nvlink_unidir_bandwidth_gbps=0, nvswitch=False, pcie_gen=4,
                 pcie_unidir_bandwidth_gbps=32, gpus_per_node=8, inter_node_bandwidth_gbps=50, pcie_p2p_via_cpu=True),

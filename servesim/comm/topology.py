@@ -16,6 +16,11 @@ from servesim.hardware.spec import GpuSpec
 #: Architectures whose NVSwitch (third generation on) reduces in the switch (NVLink SHARP, NCCL's NVLS algorithm).
 NVLINK_SHARP_ARCHITECTURES = ("hopper", "blackwell")
 
+#: GPUs per host (compute tray) of a rack-scale NVLink domain: an NVL72 rack is 18 trays of 2 Grace CPUs and 4
+#: GPUs, each tray its own operating system (catalogue GB200/GB300 sources; aiconfigurator-core gb200.yaml
+#: ``num_gpus_per_node: 4``). Superchips are the only parts sold in such racks.
+RACK_SCALE_GPUS_PER_HOST = 4
+
 #: Per-GPU network bandwidth between servers (GB/s, one direction) assumed when the spec sheet gives none: one
 #: 200 Gb/s HDR NIC per GPU on Ampere servers (DGX A100), one 400 Gb/s NDR NIC per GPU after (DGX H100/B200).
 DEFAULT_INTER_NODE_BANDWIDTH_GBPS = {"ampere": 25.0, "ada": 25.0, "hopper": 50.0, "blackwell": 50.0}
@@ -27,7 +32,8 @@ class Interconnect:
 
     ``nvswitch`` means every GPU of the NVLink domain reaches every other at full NVLink bandwidth; NVLink
     without it is a bridge between pairs (A100 PCIe, H100 NVL, A40), so larger groups cross PCIe.
-    ``gpus_per_node`` is the NVLink/PCIe domain size (72 for an NVL72 rack). ``pcie_p2p_via_cpu`` says that
+    ``gpus_per_node`` is the NVLink/PCIe domain size (72 for an NVL72 rack); ``gpus_per_host`` how many of them one
+    host (operating system) drives, None when one host drives the whole domain. ``pcie_p2p_via_cpu`` says that
     peer traffic between more than a pair of PCIe GPUs is routed through the CPU root complex rather than PCIe
     switches; a spec sheet never says so (it is a property of the server board), so it is False for predictions
     and set only for a measured server shown to behave so (see ``systems.py``).
@@ -41,11 +47,13 @@ class Interconnect:
     gpus_per_node: int
     inter_node_bandwidth_gbps: float
     pcie_p2p_via_cpu: bool = False
+    gpus_per_host: int | None = None
 
     @classmethod
     def from_gpu(cls, gpu: GpuSpec, inter_node_bandwidth_gbps: float | None = None) -> "Interconnect":
         if inter_node_bandwidth_gbps is None:
             inter_node_bandwidth_gbps = DEFAULT_INTER_NODE_BANDWIDTH_GBPS.get(gpu.architecture, 25.0)
+        rack_scale = gpu.form_factor == "superchip" and gpu.gpus_per_node > 8
         return cls(
             architecture=gpu.architecture,
             nvlink_unidir_bandwidth_gbps=gpu.nvlink_unidir_bandwidth_gbps,
@@ -54,6 +62,7 @@ class Interconnect:
             pcie_unidir_bandwidth_gbps=gpu.pcie_unidir_bandwidth_gbps,
             gpus_per_node=gpu.gpus_per_node,
             inter_node_bandwidth_gbps=inter_node_bandwidth_gbps,
+            gpus_per_host=RACK_SCALE_GPUS_PER_HOST if rack_scale else None,
         )
 
 
@@ -65,7 +74,8 @@ class GroupTopology:
     ``nvlink`` says that hop is NVLink; ``fully_connected`` that every pair of the group talks over NVLink (the
     condition the engines' custom all-reduce needs for more than two GPUs); ``nvlink_sharp`` that the switch can
     reduce in-network; ``domain_gpus`` is the size of the NVLink (or PCIe) domain the group lives in;
-    ``p2p_via_cpu`` that the group's PCIe peer traffic crosses the CPU root complex.
+    ``p2p_via_cpu`` that the group's PCIe peer traffic crosses the CPU root complex; ``hosts`` how many hosts
+    (operating systems) the group spans: more than ``nodes`` when it spans compute trays of one NVL72 rack.
     """
 
     group_size: int
@@ -80,6 +90,7 @@ class GroupTopology:
     nvlink_sharp: bool = False
     domain_gpus: int = 8
     p2p_via_cpu: bool = False
+    hosts: int = 1
 
 
 def group_topology(interconnect: Interconnect, group_size: int, nodes: int | None = None) -> GroupTopology:
@@ -105,4 +116,5 @@ def group_topology(interconnect: Interconnect, group_size: int, nodes: int | Non
         nvlink_sharp=nvlink_path and interconnect.nvswitch and interconnect.architecture in NVLINK_SHARP_ARCHITECTURES,
         domain_gpus=interconnect.gpus_per_node,
         p2p_via_cpu=interconnect.pcie_p2p_via_cpu and not nvlink_path and per_node > 2,
+        hosts=max(nodes, math.ceil(group_size / (interconnect.gpus_per_host or interconnect.gpus_per_node))),
     )

@@ -10,11 +10,16 @@ Sources (read through pandas only; training-time, never needed at run time):
   ``kernel_source`` is another library's (TRT-LLM rows filed under an SGLang version) are dropped.
 - Vidur ``network/<setup>/{all_reduce,send_recv}.csv``: one row per rank; ``size`` in *bytes*, times in ms.
 
-Of several versions of one table the newest is kept: it describes the library a user runs today.
+Every engine release of a custom all-reduce table is kept, tagged with its ``version``: releases differ (SGLang
+0.5.14 all-reduces 4 MiB on 2 B200s in 12 µs where 0.5.10 takes 33 µs) and the systems were measured at
+different ones (the A100 at SGLang 0.5.10 at most), so the model learns the release as a feature rather than
+mixing them. Of several NCCL tables the newest is kept: their directory names are not the NCCL that ran (the
+tables' own ``version`` column reads 2.29.2 in most of them).
 
-Tidy columns: ``system, op, implementation, engine, group_size, nodes, message_bytes, latency_us, source``.
-``op`` is one of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv; ``implementation`` is nccl,
-custom_graph or custom_eager; ``engine`` is vllm/sglang for the custom kernels and "" for NCCL.
+Tidy columns: ``system, op, implementation, engine, group_size, nodes, message_bytes, latency_us, version,
+source``. ``op`` is one of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv; ``implementation`` is
+nccl, custom_graph or custom_eager; ``engine`` is vllm/sglang for the custom kernels and "" for NCCL, whose
+``version`` is "" too.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ AIC_SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb20
                "rtx_pro_6000_server")
 VIDUR_SETUPS = ("a100_dgx", "h100_dgx", "a100_pairwise_nvlink", "h100_pairwise_nvlink")
 TIDY_COLUMNS = ("system", "op", "implementation", "engine", "group_size", "nodes", "message_bytes", "latency_us",
-                "source")
+                "version", "source")
 
 _NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
              "alltoall": "all_to_all"}
@@ -80,23 +85,23 @@ def read_aic_nccl(system: str, data_dir: Path | None = None):
             "nodes": 1,
             "message_bytes": raw["message_size"].astype(float) * raw["nccl_dtype"].map(_NCCL_DTYPE_BYTES),
             "latency_us": raw["latency"].astype(float) * 1e3,
+            "version": "",
             "source": f"aiconfigurator-core {path.relative_to(root.parents[2])}",
         })
     return pd.DataFrame(columns=list(TIDY_COLUMNS))
 
 
 def read_aic_custom_allreduce(system: str, engine: str, data_dir: Path | None = None):
-    """The ``engine``'s custom all-reduce timings of ``system`` (newest version holding that engine's kernel)."""
+    """The ``engine``'s custom all-reduce timings of ``system``, every release that holds that engine's kernel."""
     import pandas as pd
 
     root = (data_dir or aic_data_dir()) / system / "comm" / engine
     kernels = _CUSTOM_KERNEL_SOURCES[engine]
+    frames = []
     for path in _newest(list(root.glob("*/custom_allreduce_perf.parquet"))):
         raw = pd.read_parquet(path)
         raw = raw[raw["kernel_source"].isin(list(kernels))]
-        if raw.empty:
-            continue
-        return pd.DataFrame({
+        frames.append(pd.DataFrame({
             "system": system,
             "op": "all_reduce",
             "implementation": raw["kernel_source"].map(kernels),
@@ -105,9 +110,11 @@ def read_aic_custom_allreduce(system: str, engine: str, data_dir: Path | None = 
             "nodes": 1,
             "message_bytes": raw["message_size"].astype(float) * _BF16_BYTES,
             "latency_us": raw["latency"].astype(float) * 1e3,
+            "version": path.parent.name,
             "source": f"aiconfigurator-core {path.relative_to(root.parents[2])}",
-        })
-    return pd.DataFrame(columns=list(TIDY_COLUMNS))
+        }))
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TIDY_COLUMNS))
 
 
 def read_vidur_network(setup: str, collective: str, vidur_dir: Path):
@@ -128,6 +135,7 @@ def read_vidur_network(setup: str, collective: str, vidur_dir: Path):
     pooled.insert(1, "op", collective)
     pooled.insert(2, "implementation", "nccl")
     pooled.insert(3, "engine", "")
+    pooled["version"] = ""
     pooled["source"] = f"Vidur (MIT, microsoft/vidur 7d47513) data/network/{setup}/{collective}.csv"
     return pooled[list(TIDY_COLUMNS)]
 

@@ -172,3 +172,16 @@ def test_kernel_allreduce_rejects_a_bad_size_in_one_line():
     result = CliRunner().invoke(_cli(), ["kernel", "allreduce", "--gpu", "H100", "--bytes", "16 parsecs"])
     assert result.exit_code == 2
     assert "16 parsecs" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_curve_smoothing_is_the_least_squares_isotonic_fit():
+    from sklearn.isotonic import isotonic_regression
+
+    from servesim.comm.model import _isotonic_increasing
+
+    rng = np.random.default_rng(0)
+    for size in (1, 2, 7, 105):
+        values = np.cumsum(rng.normal(0.05, 1.0, size))
+        fitted = _isotonic_increasing(values)
+        assert np.all(np.diff(fitted) >= 0)
+        np.testing.assert_allclose(fitted, isotonic_regression(values, increasing=True))

@@ -117,6 +117,26 @@ def training_arrays(table: MeasurementTable) -> dict[str, tuple[np.ndarray, np.n
     return {harness: (np.vstack(x), np.concatenate(y)) for harness, (x, y) in arrays.items()}
 
 
+def _isotonic_increasing(values: np.ndarray) -> np.ndarray:
+    """Least-squares non-decreasing fit (pool adjacent violators): a violating run becomes its mean.
+
+    Written out because the curves are a few dozen points and importing scikit-learn for it costs a second and a
+    half of every process's start.
+    """
+    means: list[float] = []
+    counts: list[int] = []
+    for value in values:
+        means.append(float(value))
+        counts.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            count = counts[-2] + counts[-1]
+            means[-2] = (means[-2] * counts[-2] + means[-1] * counts[-1]) / count
+            counts[-2] = count
+            means.pop()
+            counts.pop()
+    return np.repeat(means, counts)
+
+
 @dataclass(frozen=True, eq=False)
 class CommModel:
     """A fitted correction forest per timing harness, the engine releases predictions are made for, and the
@@ -135,8 +155,6 @@ class CommModel:
         and the log-latencies are fitted with an isotonic (pool-adjacent-violators) regression rather than a
         running maximum, so one noisy grid point is averaged away instead of lifting every larger size.
         """
-        from sklearn.isotonic import isotonic_regression
-
         engine = engine if implementation != "nccl" else ""
         release = self.releases.get(engine, 0.0) if engine_release is None else engine_release
         harness = harness if harness in self.forests else HARNESSES[0]
@@ -144,7 +162,7 @@ class CommModel:
         if key not in self._curves:
             x, analytical = feature_matrix(op, implementation, engine, release, 2.0**GRID_LOG2_BYTES, topo, harness)
             log_latency = np.log(analytical) + _smooth(self.forests[harness].predict(x))
-            self._curves[key] = np.exp(isotonic_regression(log_latency, increasing=True))
+            self._curves[key] = np.exp(_isotonic_increasing(log_latency))
         return self._curves[key]
 
     def time_us(self, op: str, implementation: str, engine: str, message_bytes: np.ndarray,

@@ -32,12 +32,9 @@ class GpuTraits:
 def gpu_traits(gpu: GpuSpec, engine: str, tp: int) -> GpuTraits:
     """The traits of ``gpu`` for ``engine`` at tensor-parallel size ``tp``."""
     from servesim.comm import topology_of
-    from servesim.comm.selection import custom_ar_max_bytes, custom_ar_supported
+    from servesim.comm.selection import custom_ar_max_bytes
 
-    limit = 0
-    if tp > 1:
-        topo = topology_of(gpu, tp)
-        limit = custom_ar_max_bytes(engine, topo) if custom_ar_supported(topo) else 0
+    limit = custom_ar_max_bytes(engine, topology_of(gpu, tp)) if tp > 1 else 0
     return GpuTraits(
         architecture=gpu.architecture,
         fp8_tensor_cores=gpu.tensor_flops_per_sm_per_cycle.get("fp8", 0) > 0,

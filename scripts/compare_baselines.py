@@ -1,0 +1,86 @@
+"""Compare the kernel-time baselines (servesim/estimator/baselines.py) with the roofline and the MLP estimator.
+
+Seen GPUs: the baselines fit on the training and validation shapes of a seeded sample and predict its held-out
+test shapes (``split_by_shape``), scored against the shipped MLP (``MlpEstimator``), which never trained on those
+shapes. Each ``--holdout`` GPU: the baselines fit on the other GPUs' training and validation shapes and predict
+every sampled row of the held-out GPU; the MLP is retrained the same way (``train_mlp``, same seed), as
+``servesim eval kernels`` does. Prints MAPE (%) per GPU, the rows Habitat had to give the roofline (no training
+GPU measured their shape), and each baseline's fit + predict time.
+
+    .venv/bin/python scripts/compare_baselines.py --category gemm --max-rows 200000 --seed 0 [--holdout H200]
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+import numpy as np
+
+from servesim.cli.output import Column, render_table
+from servesim.estimator.baselines import BASELINES, habitat_predict
+from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
+from servesim.estimator.mlp import MlpEstimator
+from servesim.estimator.training import TrainConfig, mape_by_gpu, predict_samples_us, roofline_samples_us, train_mlp
+from servesim.hardware import get_gpu
+
+
+def shipped_mlp_us(samples: KernelSamples) -> np.ndarray:
+    """The shipped MLP estimator's times, GPU by GPU (features recomputed, as at run time)."""
+    out = np.empty(len(samples))
+    estimator = MlpEstimator()
+    for gpu_name in np.unique(samples.gpu):
+        rows = np.flatnonzero(samples.gpu == gpu_name)
+        out[rows] = estimator.predict_us([samples.kernels[i] for i in rows], get_gpu(str(gpu_name)))
+    return out
+
+
+def score(label: str, train: KernelSamples, test: KernelSamples, mlp_us: np.ndarray,
+          seconds: dict[str, list[float]]) -> list[dict[str, object]]:
+    """One row per GPU of ``test`` (and one for all): MAPE of the roofline, each baseline and the MLP."""
+    predictions = {"roofline": roofline_samples_us(test)}
+    for name, fit_predict in BASELINES.items():
+        start = time.perf_counter()
+        predictions[name] = fit_predict(train, test)
+        seconds[name].append(time.perf_counter() - start)
+    predictions["mlp"] = mlp_us
+    fallback = habitat_predict(train, test).fallback
+    rows = mape_by_gpu(test, predictions)
+    for row in rows:
+        mask = np.ones(len(test), bool) if row["gpu"] == "all" else test.gpu == row["gpu"]
+        row.update(set=label, fallback=int(fallback[mask].sum()))
+    return rows
+
+
+@click.command()
+@click.option("--category", default="gemm", show_default=True)
+@click.option("--max-rows", type=click.IntRange(min=1), default=200_000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--holdout", "holdouts", multiple=True, metavar="GPU", help="Leave this GPU out (repeatable).")
+def main(category: str, max_rows: int, seed: int, holdouts: tuple[str, ...]) -> None:
+    samples = load_samples(category, max_rows=max_rows, seed=seed)
+    split = split_by_shape(samples.shape_id, seed)
+    fit = split.train | split.val
+    seconds: dict[str, list[float]] = {name: [] for name in BASELINES}
+    seen = samples.subset(split.test)
+    rows = score("seen GPU, held-out shapes", samples.subset(fit), seen, shipped_mlp_us(seen), seconds)
+    train_rows = [int(fit.sum())]
+    for holdout in (get_gpu(h).name for h in holdouts):
+        held = samples.gpu == holdout
+        unseen = samples.subset(held)
+        mlp = train_mlp(samples, split.train & ~held, split.val & ~held, TrainConfig(seed=seed))
+        rows += [r for r in score("unseen GPU", samples.subset(fit & ~held), unseen,
+                                  predict_samples_us(mlp.weights, unseen), seconds) if r["gpu"] != "all"]
+        train_rows.append(int((fit & ~held).sum()))
+    columns = (Column("set", "set", align="<"), Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
+               *(Column(p, p, ".1f") for p in ("roofline", *BASELINES, "mlp")),
+               Column("fallback", "habitat fallback rows", ","))
+    click.echo(render_table(rows, columns, title=f"{category}: MAPE % of predicted kernel time vs measured "
+                                                 f"({len(samples):,} sampled rows, seed {seed})"))
+    for name, values in seconds.items():
+        fits = ", ".join(f"{s:.1f} s ({n:,} training rows)" for s, n in zip(values, train_rows))
+        click.echo(f"{name}: fit + predict {fits}")
+
+
+if __name__ == "__main__":
+    main()

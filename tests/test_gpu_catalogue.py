@@ -194,3 +194,13 @@ def test_every_alias_resolves_to_its_entry(spec):
 def test_cli_style_gpu_list():
     assert [s.name for s in parse_gpu_list("H100,H20")] == ["H100-SXM", "H20"]
     assert len(parse_gpu_list("all")) == len(EXPECTED)
+
+
+def test_gpu_spec_pickles_for_process_and_ray_workers():
+    import pickle
+
+    gpu = get_gpu("H20")
+    copy = pickle.loads(pickle.dumps(gpu))
+    assert copy == gpu
+    assert dict(copy.sources) == dict(gpu.sources)
+    assert dict(copy.tensor_flops_per_sm_per_cycle) == dict(gpu.tensor_flops_per_sm_per_cycle)

@@ -1,13 +1,17 @@
-"""``servesim plan``: which GPU serves a model best, and at what cost."""
+"""``servesim plan``: the highest load each GPU and layout serves within the SLOs, replicas, cost, and a
+recommendation; ``--quick`` for the analytical per-GPU estimate without simulating traffic."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
 from servesim.errors import ServesimError
 
-PLAN_COLUMNS = (
+QUICK_COLUMNS = (
     Column("gpu", "GPU", align="<"),
     Column("layout", "layout", align="<"),
     Column("fits", "fits"),
@@ -38,7 +42,19 @@ def _parse_price_overrides(values: tuple[str, ...]) -> dict[str, float]:
     return prices
 
 
-def _row(est) -> dict:
+def _priced_gpus(gpu_list: str, prices_file: str | None, price_overrides: tuple[str, ...]):
+    from datetime import date
+
+    from servesim.hardware import apply_prices, load_prices, parse_gpu_list
+
+    gpus = parse_gpu_list(gpu_list)
+    if prices_file:
+        gpus = apply_prices(gpus, load_prices(prices_file), f"user price file {prices_file}")
+    overrides = _parse_price_overrides(price_overrides)
+    return apply_prices(gpus, {k: (v, str(date.today())) for k, v in overrides.items()}, "--price on the command line")
+
+
+def _quick_row(est) -> dict:
     from servesim.models.memory import GIB
 
     memory = est.memory
@@ -65,99 +81,251 @@ def _row(est) -> dict:
     }
 
 
-@click.command("plan")
-@click.option("--model", "model_ref", required=True, help="Preset name (see 'servesim models'), a path to a config.json, or a Hugging Face hub id.")
-@click.option("--gpus", "gpu_list", default="H100", show_default=True, help="Comma-separated GPU names or aliases (see 'servesim gpus'), or 'all'.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel GPUs per pipeline stage.")
-@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline-parallel stages.")
-@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True, help="Serving engine whose kernels, defaults and memory rules are modelled.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True, help="Weight and activation precision (fp8 = W8A8 with per-tensor scales).")
-@click.option("--input-len", type=click.IntRange(min=1), default=1024, show_default=True, help="Typical prompt length in tokens.")
-@click.option("--output-len", type=click.IntRange(min=1), default=256, show_default=True, help="Typical output length in tokens.")
-@click.option("--estimator", default="roofline", show_default=True, help="Kernel time estimator.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), help="Token budget per step / prefill chunk size; engine default if unset.")
-@click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")
-@click.option("--prices", "prices_file", type=click.Path(dir_okay=False), help="CSV of gpu,usd_per_gpu_hour[,date] overriding catalogue prices.")
-@click.option("--price", "price_overrides", multiple=True, metavar="GPU=USD", help="Override one GPU's price per GPU-hour; repeatable.")
-@output_format_options
-def plan_command(
-    model_ref: str,
-    gpu_list: str,
-    tp: int,
-    pp: int,
-    engine: str,
-    dtype: str,
-    input_len: int,
-    output_len: int,
-    estimator: str,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    memory_fraction: float | None,
-    prices_file: str | None,
-    price_overrides: tuple[str, ...],
-    output_format: str,
-) -> None:
-    """Estimate, per GPU, whether the model fits, its TTFT, TPOT, throughput and cost.
-
-    Example: servesim plan --model llama3-70b --tp 4 --gpus H100,H20
-    """
-    from datetime import date
-
-    from servesim.estimator import get_estimator
-    from servesim.hardware import apply_prices, load_prices, parse_gpu_list
-    from servesim.models import get_model
-    from servesim.models.parallel import Parallelism, validate_parallelism
+def _quick(request, kernel_estimator, input_len: int, output_len: int, output_format: str) -> None:
+    """The analytical estimate per GPU and layout (no traffic simulated)."""
     from servesim.planner.estimate import estimate_gpu
-    from servesim.serving.config import default_engine_config
+    from servesim.planner.plan import candidate_layouts
 
-    model = get_model(model_ref)
-    par = Parallelism(tp, pp)
-    validate_parallelism(model, par)
-    gpus = parse_gpu_list(gpu_list)
-    if prices_file:
-        gpus = apply_prices(gpus, load_prices(prices_file), f"user price file {prices_file}")
-    overrides = _parse_price_overrides(price_overrides)
-    gpus = apply_prices(gpus, {k: (v, str(date.today())) for k, v in overrides.items()}, "--price on the command line")
-    for gpu in gpus:
-        if par.tp > gpu.gpus_per_node:
-            raise ServesimError(f"TP={par.tp} exceeds the {gpu.gpus_per_node} GPUs of one {gpu.name} node; use TP ≤ {gpu.gpus_per_node} and PP for more GPUs")
-    kernel_estimator = get_estimator(estimator)
-
-    rows = []
-    for gpu in gpus:
-        cfg = default_engine_config(engine, gpu, par).with_overrides(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, memory_fraction=memory_fraction
-        )
-        rows.append(_row(estimate_gpu(model, gpu, par, cfg, kernel_estimator, input_len, output_len, dtype)))
-
+    model, dtype = request.model, request.dtype
+    rows = [
+        _quick_row(estimate_gpu(model, gpu, par, request.engine_config(gpu, par), kernel_estimator, input_len,
+                                output_len, dtype))
+        for gpu in request.gpus
+        for par in candidate_layouts(model, gpu, request.tp, request.pp)
+    ]
     misfits = [r for r in rows if not r["fits"]]
     if len(misfits) == len(rows) and output_format == "table":
         reasons = "; ".join(f"{r['gpu']} {r['layout']}: {r['note']}" for r in misfits)
         raise ServesimError(f"{model.name} ({dtype}) does not fit: {reasons}")
-
     title = (
-        f"{model.name} ({dtype}) with {engine}, {input_len} prompt + {output_len} output tokens per request\n"
-        f"estimator: {kernel_estimator.label}"
+        f"{model.name} ({dtype}) with {request.engine}, {input_len} prompt + {output_len} output tokens per request "
+        f"(quick estimate, no traffic simulated)\nestimator: {kernel_estimator.label}"
     )
     notes = [
         "TTFT: one prompt alone. TPOT@1: one request decoding. TPOT@batch: the largest batch the KV cache holds "
         "(capped by max seqs). out tok/s/GPU: steady state at that batch, prefills included.",
         *(f"{r['gpu']} {r['layout']}: does not fit — {r['note']}" for r in misfits),
-        *(f"{r['gpu']} price ${r['price_usd_per_gpu_hour']:.2f}/GPU-h as of {r['price_date']}" for r in rows),
+        *dict.fromkeys(f"{r['gpu']} price ${r['price_usd_per_gpu_hour']:.2f}/GPU-h as of {r['price_date']}"
+                       for r in rows),
     ]
     payload = {
-        "model": model.name,
-        "engine": engine,
-        "dtype": dtype,
-        "input_len": input_len,
-        "output_len": output_len,
-        "estimator": kernel_estimator.name,
-        "estimator_label": kernel_estimator.label,
+        "model": model.name, "engine": request.engine, "dtype": dtype, "input_len": input_len,
+        "output_len": output_len, "estimator": kernel_estimator.name, "estimator_label": kernel_estimator.label,
         "options": rows,
     }
-    emit(rows, PLAN_COLUMNS, output_format, title=title, notes=notes, json_payload=payload)
+    emit(rows, QUICK_COLUMNS, output_format, title=title, notes=notes, json_payload=payload)
     if misfits and len(misfits) == len(rows):
+        raise SystemExit(2)
+
+
+def _plan_columns(request) -> tuple[Column, ...]:
+    from servesim.planner.slo import METRIC_LABELS
+
+    load = (Column("capacity_qps", "req/s/replica", ",.2f") if request.mode == "qps"
+            else Column("capacity_concurrency", "clients/replica", ","))
+    slo_columns = tuple(Column(f"slo_{s.name}_ms", f"{METRIC_LABELS[s.metric]} p{s.percentile:g} ms", ",.1f")
+                        for s in request.slos)
+    return (
+        Column("rank", "rank"),
+        Column("gpu", "GPU", align="<"),
+        Column("layout", "layout", align="<"),
+        load,
+        *slo_columns,
+        Column("binding", "binds", align="<"),
+        Column("replicas", "replicas", ","),
+        Column("total_gpus", "GPUs", ","),
+        Column("usd_per_hour", "$/h", ",.2f"),
+        Column("usd_per_million_output_tokens", "$/1M out tok", ",.3f"),
+        Column("output_tokens_per_s_per_gpu", "out tok/s/GPU", ",.0f"),
+        Column("status", "status", align="<"),
+    )
+
+
+def _table_row(option: dict, request) -> dict:
+    values = option["slo_values_ms"] or {}
+    return {**option, **{f"slo_{s.name}_ms": values.get(s.name) for s in request.slos}}
+
+
+def _header(request, slos_default: bool, estimator_label: str, executor_text: str) -> str:
+    from servesim.planner.plan import slo_list
+    from servesim.planner.search import BRACKET_FACTOR
+
+    workload = request.workload
+    variable = "arrival rate" if request.mode == "qps" else "closed-loop clients"
+    unit = "req/s" if request.mode == "qps" else "clients"
+    target = f"target {request.target:g} {unit}" if request.target is not None else "no target load (1 replica each)"
+    budget = f", budget {request.gpu_budget} GPUs" if request.gpu_budget is not None else ""
+    return (
+        f"{request.model.name} ({request.dtype}) with {request.engine}: capacity per replica within "
+        f"{slo_list(request.slos)}{' (default SLOs)' if slos_default else ''}\n"
+        f"workload {workload.name}: {len(workload):,} requests (mean {workload.prompt_tokens.mean():,.0f} prompt + "
+        f"{workload.output_tokens.mean():,.0f} output tokens), {workload.arrival_process} arrivals, seed "
+        f"{workload.seed}; {target}{budget}\n"
+        f"search: {variable}, ×{BRACKET_FACTOR:g} bracketing from the quick estimate then bisection to "
+        f"{request.tolerance:.0%}; {executor_text}; estimator: {estimator_label}"
+    )
+
+
+def _progress(total: int, enabled: bool):
+    """A stderr progress bar (a no-op context when stderr is not a terminal)."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext(None)
+    return click.progressbar(length=total, label="searching options", file=sys.stderr, show_pos=True)
+
+
+SLO_FLAGS = tuple((metric, p) for metric in ("ttft", "tpot", "e2e") for p in (50, 90, 99))
+
+
+def _slo_options(func):
+    for metric, p in reversed(SLO_FLAGS):
+        func = click.option(f"--{metric}-p{p}", f"{metric}_p{p}", type=click.FloatRange(min=0, min_open=True),
+                            default=None, metavar="MS", help=f"SLO: {metric.upper()} p{p} at most MS milliseconds.")(func)
+    return func
+
+
+@click.command("plan")
+@click.option("--model", "model_ref", required=True, help="Preset name (see 'servesim models'), a path to a config.json, or a Hugging Face hub id.")
+@click.option("--gpus", "gpu_list", default="H100", show_default=True, help="Comma-separated GPU names or aliases (see 'servesim gpus'), or 'all'.")
+@click.option("--tp", type=click.IntRange(min=1), default=None, help="Tensor-parallel GPUs per stage [default: every divisor of the GPUs in a node, TP×PP within a node].")
+@click.option("--pp", type=click.IntRange(min=1), default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
+@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True, help="Serving engine whose kernels, defaults, memory rules and scheduler are modelled.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True, help="Weight and activation precision (fp8 = W8A8 with per-tensor scales).")
+@click.option("--estimator", default="roofline", show_default=True, help="Kernel time estimator.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), help="Token budget per step / prefill chunk size; engine default if unset.")
+@click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")
+@click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
+@click.option("-n", "--num-requests", type=click.IntRange(min=1), default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
+@click.option("--arrival", type=click.Choice(("poisson", "trace")), default=None, help="Arrival process whose rate is searched: poisson, or the profile's or trace's own gaps rescaled [default: poisson].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload (the same requests at every load).")
+@click.option("--qps", type=click.FloatRange(min=0, min_open=True), default=None, help="Target load in requests/s: replicas = ceil(target / capacity).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Closed loop: search the number of clients per replica, and serve this many in total.")
+@_slo_options
+@click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True, help="Stop when the capacity is bracketed within this fraction of the load.")
+@click.option("--gpu-budget", type=click.IntRange(min=1), default=None, help="At most this many GPUs in total; options needing more are reported as over budget.")
+@click.option("--prices", "prices_file", type=click.Path(dir_okay=False), help="CSV of gpu,usd_per_gpu_hour[,date] overriding catalogue prices.")
+@click.option("--price", "price_overrides", multiple=True, metavar="GPU=USD", help="Override one GPU's price per GPU-hour; repeatable.")
+@click.option("--executor", type=click.Choice(("local", "ray")), default="local", show_default=True, help="Where options are searched: local processes or a Ray cluster (pip install 'servesim[ray]').")
+@click.option("--address", default=None, help="Ray cluster address (host:port or 'auto'); without it a Ray instance starts here.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Parallel searches [default: the CPU count].")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Write PNGs here: latency vs load per option and the cost-vs-TPOT Pareto front (needs matplotlib).")
+@click.option("--quick", is_flag=True, help="Only the analytical per-GPU estimate: no traffic simulated, no SLOs.")
+@click.option("--input-len", type=click.IntRange(min=1), default=None, help="With --quick: prompt tokens per request [default: 1024].")
+@click.option("--output-len", type=click.IntRange(min=1), default=None, help="With --quick: output tokens per request [default: 256].")
+@output_format_options
+def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+                 memory_fraction, source, num_requests, arrival, seed, qps, concurrency, tolerance, gpu_budget,
+                 prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len, output_len,
+                 output_format, **slo_limits) -> None:
+    """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
+    target load, GPUs, $/h and $ per 1M output tokens, ranked by cost, with a recommendation.
+
+    \b
+    servesim plan --model llama3-70b --tp 4 --gpus H100,H20
+    servesim plan --model llama3-70b --gpus H100,H200,H20,A100 --qps 20 --ttft-p90 2000 --tpot-p99 100
+    servesim plan --model llama3-8b --gpus all --concurrency 256 --gpu-budget 16 --json
+    servesim plan --model llama3-70b --tp 4 --gpus H100,H20 --quick
+    """
+    from servesim.estimator import get_estimator
+    from servesim.models import get_model
+    from servesim.planner.plan import PlanRequest
+    from servesim.planner.slo import slos_from_limits
+
+    if qps is not None and concurrency is not None:
+        raise ServesimError("give a target as --qps (open loop, the rate is searched) or --concurrency (closed loop, "
+                            "the clients are searched), not both")
+    if not quick and (input_len is not None or output_len is not None):
+        raise ServesimError("--input-len/--output-len go with --quick; to simulate fixed lengths use --workload "
+                            "fixed:PROMPT:OUTPUT")
+    limits = {(metric, p): slo_limits[f"{metric}_p{p}"] for metric, p in SLO_FLAGS}
+    slos = slos_from_limits(limits)
+    mode = "concurrency" if concurrency is not None else "qps"
+    model = get_model(model_ref)
+    kernel_estimator = get_estimator(estimator)
+    request = PlanRequest(
+        model=model,
+        gpus=tuple(_priced_gpus(gpu_list, prices_file, price_overrides)),
+        engine=engine,
+        workload=_base_workload(source, num_requests, arrival, seed, mode) if not quick else None,
+        slos=slos,
+        tp=tp,
+        pp=pp,
+        dtype=dtype,
+        estimator=estimator,
+        engine_overrides=(("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                          ("memory_fraction", memory_fraction)),
+        mode=mode,
+        target=qps if mode == "qps" else concurrency,
+        tolerance=tolerance,
+        gpu_budget=gpu_budget,
+    )
+    if quick:
+        _quick(request, kernel_estimator, input_len or 1024, output_len or 256, output_format)
+        return
+    _slo_plan(request, kernel_estimator, all(v is None for v in limits.values()), executor, address, jobs,
+              plot_dir, output_format)
+
+
+def _base_workload(source: str, num_requests: int | None, arrival: str | None, seed: int, mode: str):
+    """The search's workload: arrivals at 1 request/s (divided by the rate at each load), or one client."""
+    from servesim.workloads import build_workload
+
+    if mode == "concurrency":
+        if arrival is not None:
+            raise ServesimError("--arrival sets how an open loop's requests arrive; a closed loop (--concurrency) "
+                                "sends each request when a client is free, so drop --arrival")
+        return build_workload(source, num_requests, concurrency=1, seed=seed)
+    return build_workload(source, num_requests, qps=1.0, seed=seed, arrival=arrival or "poisson")
+
+
+def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str, address: str | None,
+              jobs: int | None, plot_dir: Path | None, output_format: str) -> None:
+    from servesim.planner.executor import make_executor
+    from servesim.planner.plan import option_tasks, plan_payload, run_plan
+
+    if plot_dir is not None:
+        from servesim.planner.plots import require_matplotlib
+
+        require_matplotlib()
+    tasks = option_tasks(request)
+    executor = make_executor(executor_name, jobs, address)
+    executor_text = (f"{len(tasks)} options on {executor.name}"
+                     + (f" ({executor.jobs} processes)" if executor.name == "local" else ""))
+    show_progress = output_format == "table" and sys.stderr.isatty()
+    try:
+        with _progress(len(tasks), show_progress) as bar:
+            plan = run_plan(request, executor, on_done=(lambda: bar.update(1)) if bar is not None else None,
+                            tasks=tasks)
+    finally:
+        executor.close()
+    payload = plan_payload(plan, kernel_estimator.label)
+    if plot_dir is not None:
+        from servesim.planner.plots import write_plots
+
+        written = write_plots(plan, plot_dir)
+    if plan.infeasible and output_format == "table":
+        raise ServesimError(plan.infeasible)
+    rows = [_table_row(o, request) for o in payload["options"]]
+    notes = []
+    if plan.explanation:
+        notes.append(f"Recommendation: {plan.explanation}")
+    notes += [f"{o['gpu']} {o['layout']} ({o['status']}): {o['note']}" for o in payload["options"]
+              if o["note"]]
+    if request.gpu_budget is not None:
+        notes += [f"{o['gpu']} {o['layout']}: needs {o['total_gpus']} GPUs, over the budget of {request.gpu_budget}"
+                  for o in payload["options"] if o["status"] == "over_budget"]
+    notes.append("SLO columns: percentiles at the capacity load. binds: what fails first just above it. Replicas "
+                 "assume the load splits evenly over identical replicas.")
+    notes += list(dict.fromkeys(f"{g.name} price ${g.price_usd_per_gpu_hour:.2f}/GPU-h as of {g.price_date}"
+                                for g in request.gpus))
+    if plot_dir is not None:
+        notes.append(f"plots: {len(written)} PNG files in {plot_dir}")
+    emit(rows, _plan_columns(request), output_format,
+         title=_header(request, slos_default, kernel_estimator.label, executor_text), notes=notes,
+         json_payload=payload)
+    if plan.infeasible:
         raise SystemExit(2)
 
 

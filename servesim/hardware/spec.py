@@ -84,6 +84,12 @@ class GpuSpec:
     def __hash__(self) -> int:
         return hash(self.name)
 
+    def __reduce__(self):
+        """Pickle through plain dicts (read-only mapping proxies do not pickle), so specs cross process and Ray
+        boundaries in planner sweeps."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return _spec_from_fields, ({k: dict(v) if isinstance(v, Mapping) else v for k, v in values.items()},)
+
     # Derived peaks, at the sustained clock unless asked otherwise.
     def clock_hz(self, boost: bool = False) -> float:
         return (self.boost_clock_mhz if boost else self.sustained_clock_mhz) * 1e6
@@ -114,3 +120,7 @@ class GpuSpec:
 
 
 GPU_SPEC_FIELDS = tuple(f.name for f in fields(GpuSpec))
+
+
+def _spec_from_fields(values: dict) -> GpuSpec:
+    return GpuSpec(**values)

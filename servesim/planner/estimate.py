@@ -87,8 +87,13 @@ def estimate_gpu(
     input_len: int,
     output_len: int,
     dtype: str = "bf16",
+    step_model: StepTimeModel | None = None,
 ) -> GpuEstimate:
-    """Estimate one GPU option; a model that does not fit gets its memory plan and no times."""
+    """Estimate one GPU option; a model that does not fit gets its memory plan and no times.
+
+    Pass the ``step_model`` a later simulation of the same option will use, so that it starts with these steps
+    already predicted.
+    """
     weight_dtype = "fp8" if dtype.startswith("fp8") else dtype
     memory = engine_memory_plan(model, gpu, par, engine, weight_dtype=weight_dtype)
     context = input_len + output_len
@@ -97,7 +102,7 @@ def estimate_gpu(
     if loaded == 0:
         return base
 
-    steps = StepTimeModel(engine.engine, model, gpu, par, estimator, dtype)
+    steps = step_model or StepTimeModel(engine.engine, model, gpu, par, estimator, dtype)
     prefill_us = sum(steps.step_time_us(b).latency_us for b in prefill_chunks(input_len, engine.max_num_batched_tokens))
     mid_context = input_len + output_len // 2
     tpot1_us = steps.step_time_us(BatchSpec(decodes=(mid_context,))).latency_us

@@ -1,0 +1,412 @@
+"""The SLO capacity plan: every (GPU, layout) option searched for its capacity, then replicas for the target load,
+cost, a ranking among the options that meet the SLOs, and a recommendation in words.
+
+The search itself (servesim/planner/search.py) does not depend on prices, the target or the GPU budget, which
+are applied afterwards: changing them never changes a capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from servesim.errors import ServesimError
+from servesim.hardware.spec import GpuSpec
+from servesim.models.config import ModelConfig
+from servesim.models.memory import GIB
+from servesim.models.parallel import Parallelism, validate_parallelism
+from servesim.planner.executor import Executor
+from servesim.planner.search import (
+    BRACKET_FACTOR,
+    OptionResult,
+    OptionTask,
+    Probe,
+    search_capacity,
+)
+from servesim.planner.slo import METRIC_LABELS, Slo, ms
+from servesim.serving.config import EngineConfig, default_engine_config, engine_memory_plan
+from servesim.workloads.request import Workload
+
+#: Version of the JSON document ``servesim plan --json`` prints (docs/planner.md); bumped when a key changes
+#: meaning or goes away.
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: the model, the GPUs and layouts to consider, the traffic, the SLOs and the money."""
+
+    model: ModelConfig
+    gpus: tuple[GpuSpec, ...]
+    engine: str
+    workload: Workload | None  # open loop at 1 request/s, or one client (mode "concurrency"); None: --quick
+    slos: tuple[Slo, ...]
+    tp: int | None = None  # None: searched (candidate_layouts)
+    pp: int | None = None
+    dtype: str = "bf16"
+    estimator: str = "roofline"
+    engine_overrides: tuple[tuple[str, int | float | None], ...] = ()  # EngineConfig.with_overrides arguments
+    mode: str = "qps"  # qps | concurrency
+    target: float | None = None  # requests/s (qps) or clients (concurrency) to serve in total
+    tolerance: float = 0.05
+    gpu_budget: int | None = None
+
+    def engine_config(self, gpu: GpuSpec, par: Parallelism) -> EngineConfig:
+        return default_engine_config(self.engine, gpu, par).with_overrides(**dict(self.engine_overrides))
+
+
+@dataclass(frozen=True)
+class OptionPlan:
+    """One option's search result with replicas and cost applied. Throughputs and cost are at capacity."""
+
+    result: OptionResult
+    status: str  # ok | over_budget | no_fit | slo_unmet
+    replicas: int | None = None
+    total_gpus: int | None = None
+    usd_per_hour: float | None = None  # all replicas
+    usd_per_million_output_tokens: float | None = None
+    output_tokens_per_s_per_gpu: float | None = None
+    rank: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.result.task.label
+
+    @property
+    def capacity_qps(self) -> float | None:
+        """Requests/s one replica serves within the SLOs."""
+        return self.result.capacity.request_rate_per_s if self.result.capacity else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: PlanRequest
+    options: tuple[OptionPlan, ...]  # ranked options first, then the rest in search order
+    explanation: str | None  # why the first option wins; None when nothing meets the SLOs
+    infeasible: str | None  # what would make the plan feasible, when no option is
+
+    @property
+    def recommended(self) -> OptionPlan | None:
+        return self.options[0] if self.options and self.options[0].rank == 1 else None
+
+
+def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int | None) -> list[Parallelism]:
+    """The layouts to try on ``gpu``: the given TP and PP, or for each one left open every divisor of the GPUs in a
+    node, keeping TP × PP within a node (so that a node holds whole replicas) and the layouts the engines accept."""
+    node = gpu.gpus_per_node
+    if tp is not None:
+        if tp > node:
+            raise ServesimError(f"TP={tp} exceeds the {node} GPUs of one {gpu.name} node; use TP ≤ {node} and PP "
+                                f"for more GPUs")
+        validate_parallelism(model, Parallelism(tp, 1))
+    if tp is not None and pp is not None:
+        if tp * pp > node:
+            raise ServesimError(f"TP×PP={tp * pp} exceeds the {node} GPUs of one {gpu.name} node; use at most "
+                                f"{node} GPUs per replica")
+        validate_parallelism(model, Parallelism(tp, pp))
+        return [Parallelism(tp, pp)]
+    divisors = [d for d in range(1, node + 1) if node % d == 0]
+    layouts = []
+    for t in [tp] if tp is not None else divisors:
+        for p in [pp] if pp is not None else divisors:
+            if t * p <= node and _accepted(model, Parallelism(t, p)):
+                layouts.append(Parallelism(t, p))
+    return layouts
+
+
+def _accepted(model: ModelConfig, par: Parallelism) -> bool:
+    try:
+        validate_parallelism(model, par)
+    except ServesimError:
+        return False
+    return True
+
+
+def option_tasks(request: PlanRequest) -> list[OptionTask]:
+    """One search task per (GPU, layout), GPU by GPU."""
+    tasks = [
+        OptionTask(request.model, gpu, par, request.engine_config(gpu, par), request.dtype, request.estimator,
+                   request.workload, request.slos, request.mode, request.tolerance)
+        for gpu in request.gpus
+        for par in candidate_layouts(request.model, gpu, request.tp, request.pp)
+    ]
+    if not tasks:
+        raise ServesimError(f"no TP/PP layout of {request.model.name} fits in one node of "
+                            f"{', '.join(g.name for g in request.gpus)}; leave --tp/--pp open")
+    return tasks
+
+
+def _search_order(tasks: list[OptionTask]) -> list[int]:
+    """Task indices, the likely slowest first (more stages and less TP simulate more, smaller steps), so that a pool
+    of workers finishes together."""
+    return sorted(range(len(tasks)), key=lambda i: (-tasks[i].par.pp / tasks[i].par.tp, i))
+
+
+def run_plan(request: PlanRequest, executor: Executor, on_done: Callable[[], None] | None = None,
+             tasks: list[OptionTask] | None = None) -> Plan:
+    """Search every option on ``executor`` and turn the results into a ranked plan."""
+    tasks = option_tasks(request) if tasks is None else tasks
+    order = _search_order(tasks)
+    found = executor.map(search_capacity, [tasks[i] for i in order], on_done)
+    results: list[OptionResult] = [None] * len(tasks)  # type: ignore[list-item]
+    for i, result in zip(order, found):
+        results[i] = result
+    return build_plan(request, results)
+
+
+def cost_option(result: OptionResult, target: float | None, gpu_budget: int | None) -> OptionPlan:
+    """Replicas for the target (one without a target), GPUs, $/h, $ per 1M output tokens and output tokens/s per
+    GPU at capacity."""
+    if result.status != "ok":
+        return OptionPlan(result, result.status)
+    task, capacity = result.task, result.capacity
+    assert capacity is not None
+    per_replica = capacity.load  # requests/s or clients
+    replicas = 1 if target is None else max(1, math.ceil(target / per_replica))
+    if target is not None and replicas * per_replica < target:  # floating-point rounding of the division
+        replicas += 1
+    gpus_per_replica = task.par.num_gpus
+    replica_usd_per_hour = task.gpu.price_usd_per_gpu_hour * gpus_per_replica
+    tokens_per_s = capacity.output_tokens_per_s
+    total_gpus = replicas * gpus_per_replica
+    within = gpu_budget is None or total_gpus <= gpu_budget
+    return OptionPlan(
+        result,
+        "ok" if within else "over_budget",
+        replicas=replicas,
+        total_gpus=total_gpus,
+        usd_per_hour=replicas * replica_usd_per_hour,
+        usd_per_million_output_tokens=replica_usd_per_hour / (tokens_per_s * 3600) * 1e6 if tokens_per_s else None,
+        output_tokens_per_s_per_gpu=tokens_per_s / gpus_per_replica,
+    )
+
+
+def _rank_key(option: OptionPlan, has_target: bool) -> tuple:
+    per_token = option.usd_per_million_output_tokens
+    per_token = math.inf if per_token is None else per_token
+    return ((option.usd_per_hour if has_target else per_token), per_token, option.total_gpus, option.label)
+
+
+def build_plan(request: PlanRequest, results: list[OptionResult]) -> Plan:
+    """Cost, rank and explain searched options (in the order of ``results``)."""
+    costed = [cost_option(r, request.target, request.gpu_budget) for r in results]
+    has_target = request.target is not None
+    ranked = sorted((o for o in costed if o.status == "ok"), key=lambda o: _rank_key(o, has_target))
+    ranked = [_with_rank(o, i + 1) for i, o in enumerate(ranked)]
+    rest = [o for o in costed if o.status != "ok"]
+    options = tuple(ranked + rest)
+    if not ranked:
+        return Plan(request, options, None, infeasible_reason(request, costed))
+    runner_up = ranked[1] if len(ranked) > 1 else None
+    return Plan(request, options, explain(request, ranked[0], runner_up), None)
+
+
+def _with_rank(option: OptionPlan, rank: int) -> OptionPlan:
+    return replace(option, rank=rank)
+
+
+def _load_unit(request: PlanRequest) -> str:
+    return "req/s" if request.mode == "qps" else "clients"
+
+
+def binding_text(request: PlanRequest, option: OptionPlan) -> str:
+    """Which constraint gives way first just above the option's capacity, in words."""
+    result = option.result
+    above, capacity = result.above, result.capacity
+    unit = _load_unit(request)
+    if result.binding == "none" or above is None or capacity is None:
+        return f"no SLO binds up to {capacity.load:,.3g} {unit}, where the search stops" if capacity else ""
+    load = f"{capacity.load:,.3g} {unit} per replica"
+    if result.binding == "throughput":
+        return (f"throughput binds: above {load} the engine falls behind (in the second half of the run requests "
+                f"complete {above.completion_ratio:.0%} as often as they arrive)")
+    if result.binding == "memory":
+        return (f"memory binds: above {load} the KV cache fills (peak {above.peak_kv_occupancy:.0%}, "
+                f"{above.preemptions} preemptions) and requests queue for it")
+    slo = next(s for s in request.slos if s.metric == result.binding)
+    value = above.slo_values_ms[request.slos.index(slo)]
+    name = f"{METRIC_LABELS[slo.metric]} p{slo.percentile:g}"
+    return f"{METRIC_LABELS[slo.metric]} binds: above {load} {name} reaches {ms(value)} (limit {slo.limit_ms:g} ms)"
+
+
+def explain(request: PlanRequest, winner: OptionPlan, runner_up: OptionPlan | None) -> str:
+    """One or two sentences: why ``winner`` beats ``runner_up`` and what limits it."""
+    assert winner.usd_per_million_output_tokens is not None and winner.output_tokens_per_s_per_gpu is not None
+    serve = (f"to serve {request.target:g} {_load_unit(request)}" if request.target is not None
+             else "per output token")
+    first = (f"{winner.label} is the cheapest option {serve} within {slo_list(request.slos)}: "
+             f"{count(winner.replicas, 'replica')} of {count(winner.result.task.par.num_gpus, 'GPU')} at "
+             f"${winner.usd_per_hour:,.2f}/h, "
+             f"${winner.usd_per_million_output_tokens:,.3f} per 1M output tokens")
+    if runner_up is None:
+        first += ", the only option that meets the SLOs"
+    else:
+        assert runner_up.usd_per_million_output_tokens is not None and runner_up.output_tokens_per_s_per_gpu
+        cheaper = 1 - winner.usd_per_million_output_tokens / runner_up.usd_per_million_output_tokens
+        faster = winner.output_tokens_per_s_per_gpu / runner_up.output_tokens_per_s_per_gpu
+        first += (f", {abs(cheaper):.0%} {'cheaper' if cheaper >= 0 else 'dearer'} per token than the next option, "
+                  f"{runner_up.label} (${runner_up.usd_per_million_output_tokens:,.3f}), with {faster:.2f}× its "
+                  f"output tokens/s per GPU")
+    return f"{first}. {_capitalise(binding_text(request, winner))}."
+
+
+def count(n: int, noun: str) -> str:
+    """``1 GPU``, ``4 GPUs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _capitalise(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def slo_list(slos: tuple[Slo, ...]) -> str:
+    labels = [s.label for s in slos]
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def infeasible_reason(request: PlanRequest, options: list[OptionPlan]) -> str:
+    """One line saying why no option is recommended and what would change that."""
+    model = f"{request.model.name} ({request.dtype})"
+    if all(o.status == "no_fit" for o in options):
+        largest = max(options, key=lambda o: o.result.task.par.num_gpus)
+        return (f"{model} fits no layout tried (up to {largest.label}: {largest.result.note}). "
+                f"{_fitting_suggestion(request)}")
+    unmet = [o for o in options if o.status == "slo_unmet"]
+    if unmet and not any(o.status == "over_budget" for o in options):
+        return _slo_suggestion(request, unmet)
+    over = [o for o in options if o.status == "over_budget"]
+    fewest = min(over, key=lambda o: (o.total_gpus, o.usd_per_hour))
+    return (f"no option meets the target within the budget of {request.gpu_budget} GPUs: the fewest needed are "
+            f"{fewest.total_gpus} ({fewest.replicas} × {fewest.label}); raise --gpu-budget to {fewest.total_gpus} "
+            f"or lower the target")
+
+
+def _slo_suggestion(request: PlanRequest, unmet: list[OptionPlan]) -> str:
+    """Tightest unloaded value per SLO over the options: the loosest each SLO must be to be feasible."""
+    parts = []
+    for i, slo in enumerate(request.slos):
+        values = [(o.result.unloaded_ms[i], o.label) for o in unmet if o.result.unloaded_ms is not None]
+        if not values:
+            continue
+        best, label = min(values)
+        if best > slo.limit_ms:
+            flag = f"--{slo.metric}-p{slo.percentile:g}"
+            parts.append(f"{slo.label} is tighter than the unloaded latency of every option (best {ms(best)}, "
+                         f"{label}); loosen {flag} to at least {_round_up(best)}")
+    if not parts:
+        notes = "; ".join(f"{o.label}: {o.result.note}" for o in unmet)
+        return f"no option meets {slo_list(request.slos)} ({notes}); loosen the SLOs"
+    return "; ".join(parts) + " or pick a faster GPU or layout"
+
+
+def _round_up(value_ms: float) -> str:
+    """``value_ms`` rounded up to two significant digits."""
+    scale = 10.0 ** (math.floor(math.log10(value_ms)) - 1)
+    return f"{math.ceil(value_ms / scale) * scale:g} ms"
+
+
+def _fitting_suggestion(request: PlanRequest) -> str:
+    """Which catalogue GPU holds the model within one node, with the fewest GPUs."""
+    from servesim.hardware import load_catalogue
+
+    model = request.model
+    weight_dtype = "fp8" if request.dtype.startswith("fp8") else request.dtype
+    fits = []
+    for gpu in load_catalogue().values():
+        for par in candidate_layouts(model, gpu, None, 1):
+            if engine_memory_plan(model, gpu, par, request.engine_config(gpu, par), weight_dtype=weight_dtype).fits:
+                fits.append((par.num_gpus, gpu.memory_gib, gpu.name, str(par)))
+                break
+    if not fits:
+        return "No GPU in the catalogue holds it within one node; use fp8 weights or a smaller model"
+    gpus, _, name, layout = min(fits)
+    hint = "" if request.dtype.startswith("fp8") else "fp8 weights (--dtype fp8), "
+    return (f"Use {hint}more GPUs per replica, or a GPU with more memory: it fits {name} with {layout} "
+            f"({count(gpus, 'GPU')})")
+
+
+def weights_gib_per_gpu(result: OptionResult) -> float:
+    return result.estimate.memory.weight_bytes / GIB
+
+
+def probe_payload(probe: Probe, slos: tuple[Slo, ...]) -> dict:
+    return {
+        "load": probe.load,
+        "meets_slos": probe.meets_slos,
+        "sustained": probe.sustained,
+        "request_rate_per_s": probe.request_rate_per_s,
+        "completion_ratio": probe.completion_ratio,
+        "output_tokens_per_s": probe.output_tokens_per_s,
+        "slo_values_ms": {slo.name: value for slo, value in zip(slos, probe.slo_values_ms)},
+        "latency_ms": dict(probe.latency_ms),
+        "peak_kv_occupancy": probe.peak_kv_occupancy,
+        "preemptions": probe.preemptions,
+    }
+
+
+def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
+    """One option as ``servesim plan --json`` prints it (docs/planner.md lists every key)."""
+    result, task = option.result, option.result.task
+    capacity = result.capacity
+    slos = request.slos
+    return {
+        "rank": option.rank,
+        "gpu": task.gpu.name,
+        "layout": str(task.par),
+        "tp": task.par.tp,
+        "pp": task.par.pp,
+        "gpus_per_replica": task.par.num_gpus,
+        "status": option.status,
+        "capacity_qps": option.capacity_qps,
+        "capacity_concurrency": int(capacity.load) if capacity and request.mode == "concurrency" else None,
+        "slo_values_ms": ({slo.name: v for slo, v in zip(slos, capacity.slo_values_ms)} if capacity else None),
+        "binding": result.binding,
+        "replicas": option.replicas,
+        "total_gpus": option.total_gpus,
+        "usd_per_gpu_hour": task.gpu.price_usd_per_gpu_hour,
+        "price_date": task.gpu.price_date,
+        "usd_per_hour": option.usd_per_hour,
+        "usd_per_million_output_tokens": option.usd_per_million_output_tokens,
+        "output_tokens_per_s_per_gpu": option.output_tokens_per_s_per_gpu,
+        "weights_gib_per_gpu": weights_gib_per_gpu(result),
+        "kv_tokens": result.estimate.memory.kv_tokens,
+        "unloaded_ms": ({slo.name: v for slo, v in zip(slos, result.unloaded_ms)}
+                        if result.unloaded_ms is not None else None),
+        "simulations": len(result.probes) + (result.unloaded_ms is not None),
+        "note": result.note or None,
+        "probes": [probe_payload(p, slos) for p in result.probes],
+    }
+
+
+def plan_payload(plan: Plan, estimator_label: str) -> dict:
+    """The whole plan as ``servesim plan --json`` prints it (docs/planner.md lists every key)."""
+    request = plan.request
+    workload = request.workload
+    recommended = plan.recommended
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": request.model.name,
+        "dtype": request.dtype,
+        "engine": request.engine,
+        "estimator": request.estimator,
+        "estimator_label": estimator_label,
+        "workload": {
+            "name": workload.name,
+            "requests": len(workload),
+            "arrival": workload.arrival_process,
+            "seed": workload.seed,
+            "mean_prompt_tokens": float(workload.prompt_tokens.mean()),
+            "mean_output_tokens": float(workload.output_tokens.mean()),
+        },
+        "search": {"variable": request.mode, "tolerance": request.tolerance, "bracket_factor": BRACKET_FACTOR},
+        "target": {"qps": request.target if request.mode == "qps" else None,
+                   "concurrency": request.target if request.mode == "concurrency" else None},
+        "slos": [{"name": s.name, "metric": s.metric, "percentile": s.percentile, "limit_ms": s.limit_ms}
+                 for s in request.slos],
+        "gpu_budget": request.gpu_budget,
+        "recommendation": ({"gpu": recommended.result.task.gpu.name, "layout": str(recommended.result.task.par),
+                            "explanation": plan.explanation} if recommended else None),
+        "infeasible": plan.infeasible,
+        "options": [option_payload(o, request) for o in plan.options],
+    }

@@ -1,0 +1,300 @@
+"""The capacity of one option (a GPU, a layout, an engine): the highest load whose SLO percentiles hold.
+
+The load is an arrival rate (requests/s, open loop) or a number of clients (closed loop). The search simulates
+the same requests at every load — common random numbers: one seeded workload whose arrival times are divided by
+the rate — so that latency grows smoothly with load and the search is stable. It brackets the capacity starting
+from the quick analytical estimate (multiplying or dividing the load by :data:`BRACKET_FACTOR` until the SLOs
+flip), then splits the bracket until it is within the relative tolerance. A load passes when every SLO
+percentile is within its limit and, open loop, the engine keeps up with the arrivals (:func:`completion_ratio`).
+When the first load fails, a run of one request at a time tells an SLO tighter than the unloaded latency. One
+:class:`StepTimeModel` serves every simulation of the option, so step times predicted at one load are reused at
+the next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from servesim.estimator import get_estimator
+from servesim.hardware.spec import GpuSpec
+from servesim.models.config import ModelConfig
+from servesim.models.parallel import Parallelism
+from servesim.planner.estimate import GpuEstimate, estimate_gpu
+from servesim.planner.slo import METRIC_LABELS, Slo, measure, meets, ms, worst
+from servesim.serving.config import EngineConfig
+from servesim.serving.metrics import SimulationResult
+from servesim.serving.simulator import simulate
+from servesim.serving.step_time import StepTimeModel
+from servesim.workloads.request import Workload
+
+SEARCH_MODES = ("qps", "concurrency")
+#: Bracketing multiplies or divides the load by this until the SLOs flip.
+BRACKET_FACTOR = 1.5
+#: A split stays at least this fraction of the bracket (in log load) away from either end.
+SPLIT_MARGIN = 0.1
+#: Bracketing gives up after this many steps either way (2^12 = 4096 times the start).
+MAX_BRACKET_STEPS = 12
+#: Requests of the unloaded run (one at a time), which tells an SLO tighter than the unloaded latency.
+UNLOADED_REQUESTS = 100
+#: An open-loop load counts as sustained when, over the second half of the arrival window, requests complete at
+#: least this fraction as often as they arrive. Past the engine's throughput the backlog grows and the fraction
+#: drops towards throughput / load; a finite run can otherwise meet latency percentiles at such a load when its
+#: requests are few enough to be served as one burst. It needs the run to last longer than about twice a
+#: request's latency; shorter runs understate the capacity.
+SUSTAIN_FRACTION = 0.8
+#: KV occupancy from which the cache counts as full when naming the binding constraint.
+KV_FULL = 0.97
+#: Latency percentiles kept per simulated load (for reports and latency-vs-load plots).
+LATENCY_KEYS = tuple(f"{m}_p{p}_ms" for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99))
+
+
+@dataclass(frozen=True)
+class OptionTask:
+    """Everything one option's search needs; picklable, so a process or a Ray worker can run it."""
+
+    model: ModelConfig
+    gpu: GpuSpec
+    par: Parallelism
+    engine: EngineConfig
+    dtype: str
+    estimator: str
+    workload: Workload  # open loop: arrivals at 1 request/s; closed loop: concurrency 1
+    slos: tuple[Slo, ...]
+    mode: str = "qps"  # qps | concurrency
+    tolerance: float = 0.05  # relative width of the final bracket
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu.name} {self.par}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One simulated load: whether every SLO held, the SLO percentiles and what the engine did."""
+
+    load: float  # requests/s offered (open loop) or clients (closed loop)
+    meets_slos: bool  # every SLO percentile within its limit, and (open loop) the load sustained
+    sustained: bool  # open loop: completion_ratio >= SUSTAIN_FRACTION; closed loop: always
+    slo_values_ms: tuple[float, ...]  # in the order of the task's SLOs
+    latency_ms: dict[str, float]  # LATENCY_KEYS
+    request_rate_per_s: float  # the offered rate (open loop) or the measured one (closed loop)
+    completion_ratio: float  # requests completed / arrived in the second half of the arrival window (open loop)
+    output_tokens_per_s: float
+    peak_kv_occupancy: float
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class OptionResult:
+    """The outcome of one option's search. ``status``: ``ok`` (a capacity was found), ``no_fit`` (memory) or
+    ``slo_unmet`` (the SLOs fail even at the lowest load)."""
+
+    task: OptionTask
+    status: str
+    estimate: GpuEstimate
+    probes: tuple[Probe, ...] = ()  # sorted by load
+    capacity: Probe | None = None  # the highest load that met the SLOs
+    above: Probe | None = None  # the lowest load that did not
+    unloaded_ms: tuple[float, ...] | None = None  # SLO percentiles one request at a time (when measured)
+    binding: str | None = None  # ttft | tpot | e2e | memory | throughput | none (see binding_constraint)
+    note: str = ""
+
+
+def at_load(workload: Workload, mode: str, load: float) -> Workload:
+    """The task's workload at ``load``: arrival times divided by the rate, or ``load`` clients."""
+    if mode == "qps":
+        return dataclasses.replace(workload, arrival_s=workload.arrival_s / load)
+    return dataclasses.replace(workload, concurrency=int(load))
+
+
+def unloaded_workload(workload: Workload) -> Workload:
+    """The first :data:`UNLOADED_REQUESTS` requests, one at a time."""
+    n = min(len(workload), UNLOADED_REQUESTS)
+    return Workload(workload.name, workload.prompt_tokens[:n], workload.output_tokens[:n], workload.arrival_s[:n] * 0,
+                    arrival_mode="closed", concurrency=1, seed=workload.seed, arrival_process="burst")
+
+
+def _probe(task: OptionTask, steps: StepTimeModel, workload: Workload, load: float) -> Probe:
+    result = simulate(task.model, task.gpu, task.par, task.engine, workload, step_model=steps)
+    summary = result.summary()
+    values = measure(result, task.slos)
+    open_loop = workload.arrival_mode == "open"
+    ratio = completion_ratio(result) if open_loop else 1.0
+    sustained = ratio >= SUSTAIN_FRACTION
+    return Probe(
+        load=load,
+        meets_slos=sustained and meets(values, task.slos),
+        sustained=sustained,
+        slo_values_ms=values,
+        latency_ms={key: summary[key] for key in LATENCY_KEYS},
+        request_rate_per_s=load if open_loop else summary["request_throughput_per_s"],
+        completion_ratio=ratio,
+        output_tokens_per_s=(load * float(workload.output_tokens.mean()) if open_loop
+                             else summary["output_throughput_tok_per_s"]),
+        peak_kv_occupancy=summary["peak_kv_occupancy"],
+        preemptions=summary["preemptions"],
+    )
+
+
+def completion_ratio(result: SimulationResult) -> float:
+    """Requests completed over requests arrived during the second half of the arrival window (1 when every
+    request arrives at once, which leaves no window)."""
+    last_arrival_s = float(result.issue_s.max())
+    if last_arrival_s <= 0:
+        return 1.0
+    half_s = last_arrival_s / 2
+    arrived = int((result.issue_s >= half_s).sum())
+    completed = int(((result.finish_s >= half_s) & (result.finish_s <= last_arrival_s)).sum())
+    return completed / arrived
+
+
+def binding_constraint(above: Probe, slos: tuple[Slo, ...]) -> str:
+    """What gives way first just above capacity: the SLO furthest over its limit, or ``memory`` when that SLO is
+    a waiting time (TTFT, E2E) and the KV cache was full (requests queue for memory, not for compute), or
+    ``throughput`` when every SLO held but the engine fell behind the arrivals."""
+    if meets(above.slo_values_ms, slos):
+        return "throughput"
+    metric = worst(above.slo_values_ms, slos).metric
+    kv_full = above.preemptions > 0 or above.peak_kv_occupancy >= KV_FULL
+    return "memory" if kv_full and metric in ("ttft", "e2e") else metric
+
+
+def start_load(estimate: GpuEstimate, mode: str) -> float:
+    """The bracket's first load: the quick estimate's steady-state rate, or a quarter of the batch the KV cache
+    holds (closed loop). Lowering it by simple models of the SLOs (M/D/1 queueing against a TTFT limit, the batch
+    a TPOT limit allows) did not save simulations: prefill interference and queueing at the SLO percentiles,
+    which set the capacity, are what those models miss."""
+    if mode == "qps":
+        return estimate.output_tokens_per_s / estimate.output_len
+    return float(max(1, estimate.loaded_batch // 4))
+
+
+class _Bracket:
+    """Where to probe next: bracketing steps, then splits of the bracket ``[low, high]`` (low met the SLOs, high
+    did not) until it is within the tolerance, over a continuous rate or a whole number of clients.
+
+    A split goes where the worst SLO ratio (percentile / limit), interpolated log-linearly between the bracket's
+    ends, crosses 1 (regula falsi), kept inside the middle of the bracket; a split next to an end is moved one
+    tolerance away from it, so that one more probe can close the bracket. After a split that left the bracket
+    more than half as wide, the next is the plain geometric midpoint, which bounds the number of probes by
+    bisection's.
+    """
+
+    def __init__(self, integer: bool, tolerance: float) -> None:
+        self.integer = integer
+        self.tolerance = tolerance
+
+    def grow(self, load: float) -> float:
+        return float(math.ceil(load * BRACKET_FACTOR)) if self.integer else load * BRACKET_FACTOR
+
+    def shrink(self, load: float) -> float:
+        return float(max(1, math.floor(load / BRACKET_FACTOR))) if self.integer else load / BRACKET_FACTOR
+
+    def converged(self, low: float, high: float) -> bool:
+        if self.integer:
+            return high - low <= max(1.0, math.floor(self.tolerance * low))
+        return high <= low * (1 + self.tolerance)
+
+    def split(self, low: float, high: float, ratio_low: float, ratio_high: float, interpolate: bool) -> float:
+        span = math.log(high / low)
+        t = 0.5
+        if interpolate and 0 < ratio_low < 1 < ratio_high:
+            t = math.log(ratio_low) / (math.log(ratio_low) - math.log(ratio_high))
+            t = min(max(t, SPLIT_MARGIN), 1 - SPLIT_MARGIN)
+        step = math.log1p(self.tolerance)
+        offset = min(max(t * span, step), span - step) if span > 2 * step else span / 2
+        load = low * math.exp(offset)
+        if self.integer:
+            load = float(min(max(round(load), int(low) + 1), int(high) - 1))
+        return load
+
+
+def search_capacity(task: OptionTask) -> OptionResult:
+    """Find the option's capacity under the task's SLOs (see the module docstring)."""
+    estimator = get_estimator(task.estimator)
+    steps = StepTimeModel(task.engine.engine, task.model, task.gpu, task.par, estimator, task.dtype)
+    mean_prompt = float(task.workload.prompt_tokens.mean())
+    mean_output = float(task.workload.output_tokens.mean())
+    estimate = estimate_gpu(task.model, task.gpu, task.par, task.engine, estimator, max(1, round(mean_prompt)),
+                            max(1, round(mean_output)), task.dtype, step_model=steps)
+
+    def finish(status: str, **fields) -> OptionResult:
+        return OptionResult(task, status, estimate, **fields)
+
+    if not estimate.fits:
+        return finish("no_fit", binding="memory", note=estimate.shortfall())
+    longest = int((task.workload.prompt_tokens + task.workload.output_tokens).max())
+    if longest > estimate.memory.kv_tokens:
+        return finish("no_fit", binding="memory",
+                      note=f"the KV cache holds {estimate.memory.kv_tokens:,} tokens, less than the longest request "
+                           f"({longest:,}); use more GPUs per replica or cap lengths in the workload")
+    probes: dict[float, Probe] = {}
+
+    def probe(load: float) -> Probe:
+        if load not in probes:
+            probes[load] = _probe(task, steps, at_load(task.workload, task.mode, load), load)
+        return probes[load]
+
+    search = _Bracket(task.mode == "concurrency", task.tolerance)
+    load = start_load(estimate, task.mode)
+    first = probe(load)
+    unloaded = None
+    if not first.meets_slos:
+        unloaded = _probe(task, steps, unloaded_workload(task.workload), 1.0)
+        if not unloaded.meets_slos:
+            return finish("slo_unmet", probes=_sorted(probes), unloaded_ms=unloaded.slo_values_ms,
+                          binding=worst(unloaded.slo_values_ms, task.slos).metric,
+                          note=_unmet_note(task, unloaded.slo_values_ms))
+    low, high = (load, None) if first.meets_slos else (None, load)
+    for _ in range(MAX_BRACKET_STEPS):
+        if low is not None and high is not None:
+            break
+        load = search.grow(load) if high is None else search.shrink(load)
+        if probe(load).meets_slos:
+            low = load
+        else:
+            high = load
+    if low is None:
+        lowest = min(probes)
+        return finish("slo_unmet", probes=_sorted(probes),
+                      unloaded_ms=unloaded.slo_values_ms if unloaded else None,
+                      binding=worst(probes[lowest].slo_values_ms, task.slos).metric,
+                      note=f"the SLOs fail even at {_load_text(task.mode, lowest)}")
+    if high is None:
+        return finish("ok", probes=_sorted(probes), capacity=probes[low], binding="none",
+                      note=f"the SLOs still hold at {_load_text(task.mode, low)}, where the search stops")
+    interpolate = True
+    while not search.converged(low, high):
+        width = high / low
+        load = search.split(low, high, _ratio(probes[low], task.slos), _ratio(probes[high], task.slos),
+                            interpolate)
+        if probe(load).meets_slos:
+            low = load
+        else:
+            high = load
+        interpolate = high / low <= math.sqrt(width)
+    above = probes[high]
+    return finish("ok", probes=_sorted(probes), capacity=probes[low], above=above,
+                  unloaded_ms=unloaded.slo_values_ms if unloaded else None,
+                  binding=binding_constraint(above, task.slos))
+
+
+def _ratio(probe: Probe, slos: tuple[Slo, ...]) -> float:
+    """The worst SLO percentile relative to its limit (above 1: violated)."""
+    return max(value / slo.limit_ms for value, slo in zip(probe.slo_values_ms, slos))
+
+
+def _sorted(probes: dict[float, Probe]) -> tuple[Probe, ...]:
+    return tuple(probes[load] for load in sorted(probes))
+
+
+def _load_text(mode: str, load: float) -> str:
+    return f"{load:,.3g} requests/s" if mode == "qps" else f"concurrency {int(load)}"
+
+
+def _unmet_note(task: OptionTask, unloaded_ms: tuple[float, ...]) -> str:
+    failing = [f"{METRIC_LABELS[slo.metric]} p{slo.percentile:g} is {ms(value)} unloaded (SLO {slo.limit_ms:g} ms)"
+               for slo, value in zip(task.slos, unloaded_ms) if value > slo.limit_ms]
+    return "; ".join(failing)

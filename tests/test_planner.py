@@ -1,0 +1,161 @@
+"""The SLO capacity planner as a library: the rate search, replicas, cost, ranking and infeasible inputs."""
+
+import dataclasses
+import math
+
+import pytest
+
+from servesim.hardware import get_gpu
+from servesim.models import get_model
+from servesim.models.parallel import Parallelism
+from servesim.planner.executor import LocalExecutor
+from servesim.planner.plan import PlanRequest, build_plan, candidate_layouts, cost_option, plan_payload, run_plan
+from servesim.planner.search import OptionTask, search_capacity
+from servesim.planner.slo import Slo
+from servesim.serving.config import default_engine_config
+from servesim.serving.simulator import simulate
+from servesim.workloads import build_workload
+
+MODEL = get_model("llama3-8b")
+H100 = get_gpu("H100")
+WORKLOAD = build_workload("fixed:512:48", 300, qps=1.0, seed=0)
+
+
+def task(tpot_ms: float = 10.0, gpu=H100, par=Parallelism(1, 1), mode="qps", workload=WORKLOAD, model=MODEL,
+         tolerance=0.05, ttft_ms: float | None = None) -> OptionTask:
+    slos = (Slo("tpot", 90, tpot_ms),) + ((Slo("ttft", 90, ttft_ms),) if ttft_ms else ())
+    return OptionTask(model, gpu, par, default_engine_config("vllm", gpu, par), "bf16", "roofline", workload, slos,
+                      mode, tolerance)
+
+
+@pytest.fixture(scope="module")
+def unloaded_tpot_ms() -> float:
+    """TPOT of the workload's requests one at a time on one H100: the SLOs below are set relative to it, so that
+    the tests hold whatever the step-time model predicts."""
+    alone = build_workload("fixed:512:48", 20, concurrency=1, seed=0)
+    par = Parallelism(1, 1)
+    return simulate(MODEL, H100, par, default_engine_config("vllm", H100, par), alone).summary()["tpot_p90_ms"]
+
+
+@pytest.fixture(scope="module")
+def searched(unloaded_tpot_ms):
+    """Capacities of one option under a tight, a medium and a loose TPOT SLO."""
+    return [search_capacity(task(factor * unloaded_tpot_ms)) for factor in (1.1, 1.5, 2.5)]
+
+
+def test_capacity_grows_as_slos_loosen(searched):
+    capacities = [r.capacity.load for r in searched]
+    assert all(r.status == "ok" for r in searched)
+    assert capacities == sorted(capacities) and capacities[-1] > 1.5 * capacities[0]
+
+
+def test_search_brackets_the_capacity_within_the_tolerance(searched):
+    for result in searched:
+        assert result.capacity.meets_slos and not result.above.meets_slos
+        assert result.capacity.load < result.above.load <= result.capacity.load * 1.05
+        # every probe below the capacity met the SLOs, every one above failed them (latency grows with load)
+        assert all(p.meets_slos == (p.load <= result.capacity.load) for p in result.probes)
+    assert searched[0].binding == "tpot"
+
+
+def test_replicas_times_capacity_covers_the_target(searched):
+    result = searched[1]
+    capacity = result.capacity.load
+    for target in (0.3 * capacity, capacity, 2 * capacity, 7.01 * capacity, 1000.0):
+        option = cost_option(result, target, None)
+        assert option.replicas * capacity >= target
+        assert (option.replicas - 1) * capacity < target
+        assert option.total_gpus == option.replicas
+        assert option.usd_per_hour == pytest.approx(option.replicas * H100.price_usd_per_gpu_hour)
+    alone = cost_option(result, None, None)
+    tokens_per_hour = alone.output_tokens_per_s_per_gpu * 3600
+    assert alone.usd_per_million_output_tokens * tokens_per_hour / 1e6 == pytest.approx(H100.price_usd_per_gpu_hour)
+
+
+def test_gpu_budget_marks_options_over_it_without_dropping_them(searched):
+    result = searched[1]
+    target = 3.5 * result.capacity.load
+    assert cost_option(result, target, 4).status == "ok"
+    over = cost_option(result, target, 3)
+    assert over.status == "over_budget" and over.replicas == 4
+    plan = build_plan(_request(target=target, gpu_budget=3), [result])
+    assert [o.status for o in plan.options] == ["over_budget"]
+    assert plan.recommended is None and "raise --gpu-budget to 4" in plan.infeasible
+
+
+def _request(**fields) -> PlanRequest:
+    base = PlanRequest(model=MODEL, gpus=(H100,), engine="vllm", workload=WORKLOAD, slos=(Slo("tpot", 90, 10.0),))
+    return dataclasses.replace(base, **fields)
+
+
+def _priced(result, usd_per_gpu_hour: float):
+    gpu = result.task.gpu.with_price(usd_per_gpu_hour, "2026-01-01", "test")
+    return dataclasses.replace(result, task=dataclasses.replace(result.task, gpu=gpu))
+
+
+def test_ranking_follows_cost_and_the_explanation_compares_the_runner_up(searched):
+    slow, fast = searched[0], searched[2]  # the same option searched under two SLOs: different capacities
+    target = 2 * fast.capacity.load
+    for slow_price, fast_price in ((1.0, 1.0), (0.1, 1.0)):
+        options = [_priced(slow, slow_price), _priced(fast, fast_price)]
+        plan = build_plan(_request(target=target), options)
+        ranked = [o for o in plan.options if o.rank]
+        assert [o.rank for o in ranked] == [1, 2]
+        assert ranked[0].usd_per_hour <= ranked[1].usd_per_hour
+        assert plan.explanation.startswith(f"{ranked[0].label} is the cheapest option to serve {target:g} req/s")
+        assert "per token than the next option" in plan.explanation
+    # with no target, options rank by $ per 1M output tokens
+    plan = build_plan(_request(), [_priced(slow, 1.0), _priced(fast, 3.0)])
+    costs = [o.usd_per_million_output_tokens for o in plan.options]
+    assert costs == sorted(costs)
+
+
+def test_an_slo_tighter_than_the_unloaded_latency_is_reported_with_what_would_work(unloaded_tpot_ms):
+    limit_ms = unloaded_tpot_ms / 2
+    result = search_capacity(task(tpot_ms=limit_ms))
+    assert result.status == "slo_unmet" and result.capacity is None
+    assert result.unloaded_ms[0] == pytest.approx(unloaded_tpot_ms, rel=0.01)
+    plan = build_plan(_request(slos=(Slo("tpot", 90, limit_ms),)), [result])
+    assert plan.recommended is None
+    assert "tighter than the unloaded latency" in plan.infeasible and "--tpot-p90" in plan.infeasible
+
+
+def test_a_model_that_does_not_fit_is_reported_with_a_gpu_that_holds_it():
+    model = get_model("llama3-70b")
+    result = search_capacity(task(model=model, gpu=H100, par=Parallelism(1, 1)))
+    assert result.status == "no_fit" and result.binding == "memory" and not result.probes
+    plan = build_plan(_request(model=model), [result])
+    assert "fits no layout tried" in plan.infeasible and "it fits" in plan.infeasible
+
+
+def test_concurrency_search_finds_a_whole_number_of_clients(unloaded_tpot_ms):
+    closed = build_workload("fixed:512:48", 300, concurrency=1, seed=0)
+    result = search_capacity(task(1.5 * unloaded_tpot_ms, mode="concurrency", workload=closed))
+    assert result.status == "ok"
+    capacity, above = result.capacity.load, result.above.load
+    assert capacity == int(capacity) and above == int(above)
+    assert above - capacity <= max(1, math.floor(0.05 * capacity))
+    assert result.capacity.request_rate_per_s > 0
+
+
+def test_layouts_are_those_that_divide_a_node():
+    model = get_model("llama3-70b")
+    layouts = {str(p) for p in candidate_layouts(model, H100, None, None)}
+    assert layouts == {"TP1", "TP1xPP2", "TP1xPP4", "TP1xPP8", "TP2", "TP2xPP2", "TP2xPP4", "TP4", "TP4xPP2", "TP8"}
+    assert [str(p) for p in candidate_layouts(model, H100, 4, None)] == ["TP4", "TP4xPP2"]
+
+
+def test_the_ray_executor_gives_the_local_results():
+    ray = pytest.importorskip("ray")
+    from servesim.planner.executor import RayExecutor
+
+    request = _request(gpus=(H100, get_gpu("A100")), tp=1, pp=1, target=50.0)
+    local = plan_payload(run_plan(request, LocalExecutor(jobs=1)), "roofline")
+    executor = RayExecutor(jobs=2)  # starts a local Ray instance with 2 CPUs
+    try:
+        remote = plan_payload(run_plan(request, executor), "roofline")
+    finally:
+        executor.close()
+    assert not ray.is_initialized()
+    assert remote == local
+    assert [o["gpu"] for o in local["options"]] and local["recommendation"] is not None

@@ -33,7 +33,7 @@ def main() -> None:
 
 #: Modules of ``servesim.cli`` that each export ``COMMANDS``, a list of click commands. Heavy imports (pandas,
 #: scikit-learn) stay inside the command functions so that ``servesim --help`` is quick.
-_COMMAND_MODULES = ("plan", "catalog", "kernels", "comm", "workloads", "serving", "estimator", "collect")
+_COMMAND_MODULES = ("plan", "catalog", "kernels", "comm", "workloads", "serving", "estimator", "validate", "collect")
 
 
 def _register() -> None:

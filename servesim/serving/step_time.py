@@ -20,14 +20,7 @@ from servesim.kernels.expand import StepKernels, expand
 from servesim.kernels.types import Collective, Kernel
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism
-
-#: Host-side cost of one engine step (scheduling, input preparation, sampling hand-off), µs. Named constants until
-#: end-to-end validation calibrates them per engine and version.
-STEP_OVERHEAD_US = {"vllm": 250.0, "sglang": 200.0}
-#: CPU cost of launching one kernel outside a CUDA graph, µs: an eager kernel never finishes sooner than this.
-EAGER_LAUNCH_US = 5.0
-#: Replaying a captured CUDA graph, µs per graph launch.
-GRAPH_LAUNCH_US = 15.0
+from servesim.serving.overhead import HostOverhead, host_overhead
 
 
 @dataclass(frozen=True)
@@ -58,12 +51,12 @@ def _comm_implementation(collective: Collective, in_graph: bool) -> str:
     return collective.implementation
 
 
-def _kernel_gpu_us(kernel_us: np.ndarray, eager: bool) -> np.ndarray:
-    return np.maximum(kernel_us, EAGER_LAUNCH_US) if eager else kernel_us
-
-
 class StepTimeModel:
-    """Predicts step times of one model on one GPU type under one engine and layout."""
+    """Predicts step times of one model on one GPU type under one engine and layout.
+
+    ``overhead`` replaces the engine version's host-overhead constants (``servesim.serving.overhead``), as the
+    calibration does when it tries candidate values.
+    """
 
     def __init__(
         self,
@@ -73,8 +66,12 @@ class StepTimeModel:
         par: Parallelism,
         estimator: KernelEstimator,
         dtype: str = "bf16",
+        overhead: HostOverhead | None = None,
     ) -> None:
+        from servesim.kernels.engines import get_engine
+
         self.engine = engine
+        self.overhead = overhead or host_overhead(engine, get_engine(engine).version)
         self.model = model
         self.gpu = gpu
         self.par = par
@@ -121,12 +118,16 @@ class StepTimeModel:
         eager = step.graph_mode == "none"
         kernels = [op for op, _ in step.op_counts if isinstance(op, Kernel)]
         repeats = np.array([n for op, n in step.op_counts if isinstance(op, Kernel)])
-        kernel_us = _kernel_gpu_us(self.kernel_times_us(kernels), eager)
+        kernel_us = self.kernel_times_us(kernels)
+        # An eager kernel never finishes sooner than the CPU can launch it.
+        launch_floor_us = self.overhead.eager_launch_us
+        if eager:
+            kernel_us = np.maximum(kernel_us, launch_floor_us)
         if step.graph_mode == "piecewise":
             # Attention runs eagerly between the captured pieces: it pays the launch floor, and each piece is a
             # graph launch (one per attention call plus one).
             attention = np.array([k.category.startswith("attn") for k in kernels])
-            kernel_us = np.where(attention, np.maximum(kernel_us, EAGER_LAUNCH_US), kernel_us)
+            kernel_us = np.where(attention, np.maximum(kernel_us, launch_floor_us), kernel_us)
             launches = int(repeats[attention].sum()) + 1
         else:
             launches = 0 if eager else 1
@@ -142,5 +143,5 @@ class StepTimeModel:
             compute_us += kernel_us
             comm_us += collective_us
             launches += graph_launches
-        overhead_us = STEP_OVERHEAD_US[self.engine] + launches * GRAPH_LAUNCH_US
+        overhead_us = self.overhead.step_overhead_us(batch.num_requests, launches)
         return StepTime(tuple(stage_us), compute_us, comm_us, overhead_us)

@@ -1,0 +1,78 @@
+"""Host-side overhead of an engine step: the CPU work around the GPU's kernels, per engine and version.
+
+An engine step costs the GPU its kernels and collectives; around them the engine's CPU schedules the batch,
+prepares inputs, launches kernels or replays CUDA graphs and hands the sampled tokens back. servesim models that
+cost with four terms:
+
+- ``step_us``: fixed cost of one step (scheduling, input preparation, the sampler hand-off);
+- ``per_seq_us``: what each request in the batch adds (scheduler bookkeeping, block tables, detokenisation);
+- ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph, a floor under every eager kernel
+  (the GPU cannot finish kernels faster than the CPU issues them);
+- ``graph_launch_us``: replaying one captured CUDA graph.
+
+The table is keyed by the engine and the version whose kernels and defaults servesim models
+(``servesim.kernels.engines``). ``scripts/calibrate_overhead.py`` fits ``step_us`` and ``per_seq_us`` to measured
+serving runs (docs/validation.md); the launch terms are not identifiable from end-to-end runs and keep their
+prior values, stated below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from servesim.errors import ServesimError
+
+
+@dataclass(frozen=True)
+class HostOverhead:
+    """Host-overhead constants of one engine version, µs."""
+
+    step_us: float
+    per_seq_us: float
+    eager_launch_us: float
+    graph_launch_us: float
+
+    def __post_init__(self) -> None:
+        for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us"):
+            if getattr(self, name) < 0:
+                raise ServesimError(f"host overhead {name} must be non-negative, not {getattr(self, name)}")
+
+    def step_overhead_us(self, num_seqs: int, graph_launches: int) -> float:
+        """Host time of one step with ``num_seqs`` requests that replays ``graph_launches`` CUDA graphs."""
+        return self.step_us + self.per_seq_us * num_seqs + self.graph_launch_us * graph_launches
+
+
+#: Launch costs before calibration: a CUDA kernel launch from Python through PyTorch takes about 5 µs of CPU
+#: time, a graph replay about 15 µs (cudaGraphLaunch plus the input copies). Not fitted: see the module docstring.
+_EAGER_LAUNCH_US = 5.0
+_GRAPH_LAUNCH_US = 15.0
+
+#: (engine, version) -> constants. ``step_us`` and ``per_seq_us`` were fitted by
+#: ``scripts/calibrate_overhead.py --estimator roofline`` (the default estimator) on the H100 rows of
+#: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 and InferenceX runs; SGLang: 0.5.1.post1 and 0.5.8.post1)
+#: and checked on the H200 rows (docs/validation.md). They absorb what the kernel estimator leaves out of a step,
+#: so they are refitted whenever the default estimator or its weights change.
+HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
+    {
+        ("vllm", "0.11.0"): HostOverhead(
+            step_us=3620.4, per_seq_us=46.06, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+        ),
+        ("sglang", "0.5.3"): HostOverhead(
+            step_us=3333.1, per_seq_us=33.55, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+        ),
+    }
+)
+
+
+def host_overhead(engine: str, version: str) -> HostOverhead:
+    """The constants of ``engine`` at ``version``; raises ServesimError for a version without calibration."""
+    try:
+        return HOST_OVERHEAD[(engine, version)]
+    except KeyError:
+        known = ", ".join(f"{e} {v}" for e, v in HOST_OVERHEAD)
+        raise ServesimError(
+            f"no host-overhead constants for {engine} {version} (calibrated: {known}); run "
+            f"scripts/calibrate_overhead.py and add them to servesim/serving/overhead.py"
+        ) from None

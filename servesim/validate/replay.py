@@ -1,0 +1,167 @@
+"""Replaying a measured serving run through the simulator: the shared core of ``silicon`` and ``results``.
+
+A :class:`ServingCase` says what was served (model, GPU, engine, weights, layout), the request stream the
+benchmark sent, and what it measured. :func:`replay` simulates each case and returns one row per case with the
+measured and predicted mean TTFT and TPOT; cases the simulator cannot run are returned as :class:`Skipped` with
+the reason, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from servesim.errors import ServesimError
+from servesim.serving.metrics import SimulationResult
+from servesim.serving.overhead import HostOverhead
+from servesim.serving.step_time import StepTimeModel
+from servesim.workloads.request import Workload
+
+#: Checkpoints of a preset's architecture published under another Hugging Face id (instruction-tuned or
+#: quantised releases). Ids equal to a preset's own ``hf_id`` need no entry.
+CHECKPOINT_PRESETS: Mapping[str, str] = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama3.1-8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama3.1-70b",
+    "nvidia/Llama-3.1-70B-Instruct-FP8": "llama3.1-70b",
+    "Qwen/Qwen3-32B-FP8": "qwen3-32b",
+    "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+}
+
+
+def preset_for(model_id: str) -> str | None:
+    """The preset whose architecture ``model_id`` (a Hugging Face id or a preset name) has, or None."""
+    from servesim.models.registry import preset_names, preset_record
+
+    if model_id.strip().lower() in preset_names():
+        return model_id.strip().lower()
+    if model_id in CHECKPOINT_PRESETS:
+        return CHECKPOINT_PRESETS[model_id]
+    by_hf_id = {preset_record(name)["hf_id"]: name for name in preset_names()}
+    return by_hf_id.get(model_id)
+
+
+@dataclass(frozen=True, eq=False)
+class ServingCase:
+    """One measured run to replay. ``isl``/``osl`` are the nominal lengths (means when they vary)."""
+
+    case_id: str
+    model_id: str  # as the source names it
+    preset: str
+    gpu: str
+    engine: str
+    engine_version: str  # as measured ("" when the source does not say)
+    dtype: str  # weights: bf16, fp8, fp8-block
+    tp: int
+    pp: int
+    isl: float
+    osl: float
+    concurrency: int | None  # None: open-loop arrivals
+    workload: Workload
+    measured_ttft_ms: float
+    measured_tpot_ms: float
+    source: str = ""
+    extra: Mapping[str, object] = field(default_factory=dict)  # source-specific columns carried to the output
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A measured run that was not replayed, and why."""
+
+    case_id: str
+    model_id: str
+    gpu: str
+    engine: str
+    reason: str
+
+
+class StepModels:
+    """One :class:`StepTimeModel` per (engine, model, GPU, layout, weights), shared by every case that needs it."""
+
+    def __init__(self, estimator: str, overheads: Mapping[str, HostOverhead] | None = None) -> None:
+        from servesim.estimator import get_estimator
+
+        self.estimator = get_estimator(estimator)
+        self.overheads = dict(overheads or {})
+        self._models: dict[tuple, StepTimeModel] = {}
+
+    def get(self, case: ServingCase) -> StepTimeModel:
+        key = (case.engine, case.preset, case.gpu, case.tp, case.pp, case.dtype)
+        if key not in self._models:
+            from servesim.hardware import get_gpu
+            from servesim.models import get_model
+            from servesim.models.parallel import Parallelism
+
+            self._models[key] = StepTimeModel(
+                case.engine, get_model(case.preset), get_gpu(case.gpu), Parallelism(case.tp, case.pp),
+                self.estimator, case.dtype, overhead=self.overheads.get(case.engine),
+            )
+        return self._models[key]
+
+
+def simulate_case(case: ServingCase, step_model: StepTimeModel) -> SimulationResult:
+    """Simulate ``case`` with the engine's defaults for its GPU and layout."""
+    from servesim.models.parallel import validate_parallelism
+    from servesim.serving.config import default_engine_config
+    from servesim.serving.simulator import simulate
+
+    validate_parallelism(step_model.model, step_model.par)
+    cfg = default_engine_config(case.engine, step_model.gpu, step_model.par)
+    return simulate(step_model.model, step_model.gpu, step_model.par, cfg, case.workload, step_model=step_model)
+
+
+def _error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1.0
+
+
+def case_row(case: ServingCase, summary: Mapping[str, float]) -> dict[str, object]:
+    """The output row of a replayed case: identity, measured and predicted means, signed relative errors."""
+    ttft, tpot = summary["ttft_mean_ms"], summary["tpot_mean_ms"]
+    return {
+        "case_id": case.case_id, "model_id": case.model_id, "preset": case.preset, "gpu": case.gpu,
+        "engine": case.engine, "engine_version": case.engine_version, "dtype": case.dtype, "tp": case.tp,
+        "pp": case.pp, "isl": case.isl, "osl": case.osl, "concurrency": case.concurrency,
+        "requests": len(case.workload),
+        "measured_ttft_ms": case.measured_ttft_ms, "predicted_ttft_ms": ttft,
+        "ttft_error": _error(ttft, case.measured_ttft_ms),
+        "measured_tpot_ms": case.measured_tpot_ms, "predicted_tpot_ms": tpot,
+        "tpot_error": _error(tpot, case.measured_tpot_ms),
+        "mean_batch_size": summary["mean_batch_size"], "preemptions": summary["preemptions"],
+        **case.extra, "source": case.source,
+    }
+
+
+def replay(
+    cases: Sequence[ServingCase],
+    estimator: str,
+    overheads: Mapping[str, HostOverhead] | None = None,
+    on_case: Callable[[ServingCase], None] | None = None,
+    step_models: StepModels | None = None,
+) -> tuple[list[dict[str, object]], list[Skipped]]:
+    """Replay every case; returns the rows of the simulated ones and the cases the simulator refused.
+
+    ``overheads`` (engine -> constants) overrides the shipped host-overhead table; ``on_case`` is called after
+    each case (progress reporting). Pass ``step_models`` to reuse step-time memos across calls.
+    """
+    rows, skipped = [], []
+    for case, outcome in replay_results(cases, step_models or StepModels(estimator, overheads), on_case):
+        if isinstance(outcome, Skipped):
+            skipped.append(outcome)
+        else:
+            rows.append(case_row(case, outcome.summary()))
+    return rows, skipped
+
+
+def replay_results(
+    cases: Sequence[ServingCase], step_models: StepModels, on_case: Callable[[ServingCase], None] | None = None
+) -> Iterator[tuple[ServingCase, SimulationResult | Skipped]]:
+    """Each case with its simulation result, or the reason the simulator refused it."""
+    for case in cases:
+        try:
+            yield case, simulate_case(case, step_models.get(case))
+        except ServesimError as exc:
+            yield case, Skipped(case.case_id, case.model_id, case.gpu, case.engine, str(exc))
+        if on_case is not None:
+            on_case(case)

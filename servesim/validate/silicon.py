@@ -1,0 +1,144 @@
+"""aiconfigurator-core's measured serving runs (``systems/silicon_sample.csv``) as replayable cases.
+
+Each aggregated-mode row is one closed-loop benchmark of a vLLM or SGLang server: ``concurrency`` clients (the
+row's ``batch_size`` where the source did not record it) each send a request of ``isl`` prompt tokens asking for
+``osl`` output tokens, and the next one when it completes; the row stores the **mean** TTFT and TPOT over the
+run's requests (aiconfigurator's collection reads ``mean_ttft`` and ``mean_tpot`` of the benchmark's result),
+queueing behind the other clients included.
+
+Two benchmark protocols are in the file, told apart by the row's ``source``:
+
+- InferenceX exports (``source_file=2026-04-06.csv``, ``db-dump/...``): ``benchmark_serving.py --dataset-name random
+  --random-range-ratio 0.8 --num-prompts CONC*10 --max-concurrency CONC --ignore-eos``; that script draws each
+  request's lengths uniformly from ``[0.8 × len, len]``.
+- aiconfigurator's own collection (``aic-auto-gap-analysis`` paths): fixed lengths; the request count is not
+  recorded and is taken as 10 × concurrency like InferenceX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from servesim.errors import ServesimError
+from servesim.validate.replay import ServingCase, Skipped, preset_for
+
+#: GPUs and engines the validation covers by default (the Hopper vLLM/SGLang runs of the file).
+SILICON_GPUS = ("H100-SXM", "H200")
+SILICON_ENGINES = ("vllm", "sglang")
+
+#: silicon_sample ``gemm_quant`` -> servesim weight format; a missing value is an unquantised BF16 checkpoint.
+_GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block"}
+
+
+@dataclass(frozen=True)
+class BenchmarkProtocol:
+    """How the benchmark client drew requests: ``requests_per_client`` × concurrency requests, each length uniform
+    over ``[length_ratio × nominal, nominal]`` (``length_ratio = 1``: fixed lengths)."""
+
+    name: str
+    requests_per_client: int
+    length_ratio: float
+
+
+INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8)
+AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0)
+
+
+def protocol_for(source: str) -> BenchmarkProtocol:
+    """The benchmark protocol of a silicon_sample row, from its ``source`` text."""
+    return AICONFIGURATOR if "aic-auto-gap-analysis" in source else INFERENCEX
+
+
+def load_silicon_rows(
+    gpus: Iterable[str] = SILICON_GPUS,
+    engines: Iterable[str] = SILICON_ENGINES,
+    models: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The aggregated-mode silicon_sample rows of ``gpus`` and ``engines`` (and ``models``: Hugging Face ids or
+    presets, every model when None)."""
+    from servesim.data.aiconfigurator import load_silicon_sample
+
+    frame = load_silicon_sample()
+    gpus, engines = tuple(gpus), tuple(engines)
+    for kind, names, known in (("GPU", gpus, frame["gpu"]), ("engine", engines, frame["backend"])):
+        unknown = sorted(set(names) - set(known.dropna()))
+        if unknown:
+            raise ServesimError(f"silicon_sample.csv has no {kind} {', '.join(unknown)}; it has "
+                                f"{', '.join(sorted(set(known.dropna())))}")
+    keep = frame["gpu"].isin(gpus) & frame["backend"].isin(engines) & (frame["mode"] == "aggregated")
+    if models is not None:
+        wanted = {m.strip().lower() for m in models}
+        keep &= frame["model"].map(lambda m: m.lower() in wanted or (preset_for(m) or "") in wanted)
+    selected = frame[keep].sort_values(["gpu", "backend", "model", "tp", "isl", "osl", "concurrency"], kind="stable")
+    if selected.empty:
+        raise ServesimError("no aggregated silicon_sample row matches the selection; widen --gpu/--engine/--model")
+    return selected.reset_index(drop=True)
+
+
+def _int(value) -> int | None:
+    return None if pd.isna(value) else int(value)
+
+
+def _skip(row: Mapping, reason: str) -> Skipped:
+    return Skipped(str(row["id"]), str(row["model"]), str(row["gpu"]), str(row["backend"]), reason)
+
+
+def _layout_problem(row: Mapping, is_moe: bool) -> str | None:
+    """Why the row's layout cannot be simulated (the MoE degrees only matter for MoE models), or None."""
+    tp = _int(row["tp"])
+    attention_dp, moe_tp, moe_ep = (_int(row[c]) for c in ("attention_dp", "moe_tp", "moe_ep"))
+    if attention_dp not in (None, 0, 1):
+        return f"attention data parallelism {attention_dp} is not modelled"
+    if not is_moe:
+        return None
+    if moe_ep not in (None, 0, 1):
+        return f"MoE expert parallelism {moe_ep} is not modelled"
+    if moe_tp not in (None, 0, tp):
+        return f"MoE tensor parallelism {moe_tp} differing from TP {tp} is not modelled"
+    return None
+
+
+def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
+    """The simulation setup of one silicon_sample row, or why it cannot be replayed."""
+    from servesim.models import get_model
+    from servesim.workloads import build_workload
+
+    preset = preset_for(str(row["model"]))
+    if preset is None:
+        return _skip(row, f"no servesim preset for {row['model']} ('servesim models' lists them)")
+    quant = "" if pd.isna(row["gemm_quant"]) else str(row["gemm_quant"])
+    if quant not in _GEMM_QUANT_DTYPES:
+        return _skip(row, f"{quant} weights are not modelled (bf16, fp8 and fp8_block are)")
+    problem = _layout_problem(row, get_model(preset).is_moe)
+    if problem:
+        return _skip(row, problem)
+    concurrency = _int(row["concurrency"]) or _int(row["batch_size"])
+    if not concurrency:
+        return _skip(row, "neither concurrency nor batch_size is recorded")
+    protocol = protocol_for(str(row["source"]))
+    isl, osl = int(row["isl"]), int(row["osl"])
+    if protocol.length_ratio < 1:
+        spec = (f"uniform:{int(isl * protocol.length_ratio)}-{isl}:"
+                f"{max(1, int(osl * protocol.length_ratio))}-{osl}")
+    else:
+        spec = f"fixed:{isl}:{osl}"
+    workload = build_workload(spec, concurrency * protocol.requests_per_client, concurrency=concurrency, seed=seed)
+    return ServingCase(
+        case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
+        engine=str(row["backend"]), engine_version="" if pd.isna(row["backend_version"]) else str(row["backend_version"]),
+        dtype=_GEMM_QUANT_DTYPES[quant], tp=int(row["tp"]), pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
+        concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
+        measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
+    )
+
+
+def silicon_cases(rows: pd.DataFrame, seed: int = 0) -> tuple[list[ServingCase], list[Skipped]]:
+    """Cases of the rows that can be replayed, and the others with their reasons."""
+    cases, skipped = [], []
+    for row in rows.to_dict("records"):
+        outcome = silicon_case(row, seed)
+        (skipped if isinstance(outcome, Skipped) else cases).append(outcome)
+    return cases, skipped

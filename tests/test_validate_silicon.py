@@ -1,0 +1,121 @@
+"""silicon_sample rows become simulation setups (or are skipped with a reason), replay end to end, and the
+overhead calibration's linear predictions match a re-simulation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("aiconfigurator_core")
+
+from servesim.cli import main  # noqa: E402
+from servesim.validate.calibration import calibrate, calibration_frame, predict_with, zero_step_overhead  # noqa: E402
+from servesim.validate.replay import ServingCase, Skipped, preset_for, replay  # noqa: E402
+from servesim.validate.silicon import load_silicon_rows, silicon_case, silicon_cases  # noqa: E402
+
+# A short SGLang run (Qwen3-32B, TP 8, 1024 in, 128 out, 16 clients) and an InferenceX vLLM run.
+SGLANG_ROW = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_1024x128_c16_tp8_epnone_3"
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return load_silicon_rows()
+
+
+def _row(rows: pd.DataFrame, row_id: str) -> dict:
+    return rows[rows["id"] == row_id].iloc[0].to_dict()
+
+
+def test_selection_is_aggregated_vllm_and_sglang_on_hopper(rows: pd.DataFrame) -> None:
+    assert set(rows["mode"]) == {"aggregated"}
+    assert set(rows["gpu"]) == {"H100-SXM", "H200"} and set(rows["backend"]) == {"vllm", "sglang"}
+
+
+def test_row_maps_to_its_setup(rows: pd.DataFrame) -> None:
+    case = silicon_case(_row(rows, SGLANG_ROW))
+    assert isinstance(case, ServingCase)
+    assert (case.preset, case.gpu, case.engine, case.tp, case.pp, case.dtype) == (
+        "qwen3-32b", "H100-SXM", "sglang", 8, 1, "bf16")
+    # aiconfigurator's collection: fixed lengths, a closed loop of 16 clients, 10 requests each.
+    assert case.concurrency == 16 and case.workload.concurrency == 16
+    assert len(case.workload) == 160
+    assert set(case.workload.prompt_tokens) == {1024} and set(case.workload.output_tokens) == {128}
+
+
+def test_inferencex_rows_draw_lengths_like_its_benchmark(rows: pd.DataFrame) -> None:
+    inferencex = rows["source"].str.startswith("source_file=2026-04-06.csv")
+    row = rows[inferencex & (rows["model"] == "meta-llama/Llama-3.1-70B")].iloc[0].to_dict()
+    case = silicon_case(row)
+    assert case.dtype == "fp8" and case.preset == "llama3.1-70b"
+    prompt, output = case.workload.prompt_tokens, case.workload.output_tokens
+    assert prompt.max() <= row["isl"] and prompt.min() >= int(0.8 * row["isl"])
+    assert output.max() <= row["osl"] and output.min() >= int(0.8 * row["osl"])
+    assert len(case.workload) == 10 * row["concurrency"]
+
+
+def test_unbuildable_rows_are_reported_with_a_reason(rows: pd.DataFrame) -> None:
+    cases, skipped = silicon_cases(rows)
+    assert len(cases) + len(skipped) == len(rows)
+    reasons = {s.model_id: s.reason for s in skipped}
+    assert "no servesim preset for openai/gpt-oss-120b" in reasons["openai/gpt-oss-120b"]
+    assert all(isinstance(s, Skipped) and s.reason for s in skipped)
+    # The three dense model families of the accuracy bar are all replayable.
+    replayable = {c.preset for c in cases}
+    assert {"llama3.1-8b", "llama3.1-70b", "qwen3-32b"} <= replayable
+
+
+def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
+    assert preset_for("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama3.1-8b"
+    assert preset_for("meta-llama/Llama-3.1-70B") == "llama3.1-70b"
+    assert preset_for("Qwen/Qwen3-32B") == "qwen3-32b"
+    assert preset_for("openai/gpt-oss-120b") is None
+
+
+def test_calibration_predictions_equal_a_resimulation(rows: pd.DataFrame) -> None:
+    case = silicon_case(_row(rows, SGLANG_ROW))
+    frame, skipped = calibration_frame([case], "roofline")
+    assert not skipped
+    predicted = predict_with(frame, step_us=300.0, per_seq_us=4.0).iloc[0]
+    overhead = replace(zero_step_overhead("sglang"), step_us=300.0, per_seq_us=4.0)
+    (simulated,), _ = replay([case], "roofline", overheads={"sglang": overhead})
+    assert predicted["predicted_ttft_ms"] == pytest.approx(simulated["predicted_ttft_ms"], rel=1e-9)
+    assert predicted["predicted_tpot_ms"] == pytest.approx(simulated["predicted_tpot_ms"], rel=1e-9)
+    # More overhead never makes a run faster.
+    assert (frame[["ttft_ms_per_step_us", "ttft_ms_per_seq_us", "tpot_ms_per_step_us",
+                   "tpot_ms_per_seq_us"]] > 0).all(axis=None)
+
+
+def test_fit_recovers_constants_that_generated_the_measurements(rows: pd.DataFrame) -> None:
+    case = silicon_case(_row(rows, SGLANG_ROW))
+    base, _ = calibration_frame([case], "roofline")
+    # Two synthetic "measurements" of different batch sizes generated with known constants.
+    frame = pd.concat([base, base.assign(ttft_ms_per_seq_us=base["ttft_ms_per_seq_us"] * 3,
+                                         tpot_ms_per_seq_us=base["tpot_ms_per_seq_us"] * 3)], ignore_index=True)
+    truth = predict_with(frame, 180.0, 6.0)
+    frame = frame.assign(measured_ttft_ms=truth["predicted_ttft_ms"], measured_tpot_ms=truth["predicted_tpot_ms"])
+    result = calibrate(frame, pd.Series(True, index=frame.index), "all rows")
+    assert result.overheads["sglang"].step_us == pytest.approx(180.0, rel=1e-6)
+    assert result.overheads["sglang"].per_seq_us == pytest.approx(6.0, rel=1e-6)
+
+
+def test_cli_replays_one_row_end_to_end(tmp_path) -> None:
+    plot = tmp_path / "scatter.png"
+    result = CliRunner().invoke(main, ["validate", "silicon", "--row-id", SGLANG_ROW, "--estimator", "roofline",
+                                       "--plot", str(plot), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    (row,) = payload["rows"]
+    assert row["case_id"] == SGLANG_ROW and row["split"] == "train"
+    assert row["measured_ttft_ms"] == pytest.approx(349.523, rel=1e-4)
+    assert 0 < row["predicted_tpot_ms"] < 100
+    assert payload["groups"][0]["rows"] == 1
+    assert plot.stat().st_size > 1000
+
+
+def test_cli_rejects_an_unknown_row_id() -> None:
+    result = CliRunner().invoke(main, ["validate", "silicon", "--row-id", "no-such-run"])
+    assert result.exit_code == 2 and "no-such-run" in result.output

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from servesim.errors import ServesimError
+from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB
@@ -45,7 +46,7 @@ class PlanRequest:
     tp: int | None = None  # None: searched (candidate_layouts)
     pp: int | None = None
     dtype: str = "bf16"
-    estimator: str = "roofline"
+    estimator: str = DEFAULT_ESTIMATOR
     engine_overrides: tuple[tuple[str, int | float | None], ...] = ()  # EngineConfig.with_overrides arguments
     mode: str = "qps"  # qps | concurrency
     target: float | None = None  # requests/s (qps) or clients (concurrency) to serve in total

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from servesim.errors import ServesimError
+from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism
@@ -89,7 +90,7 @@ def simulate(
     engine_cfg: EngineConfig,
     workload: Workload,
     step_model: StepTimeModel | None = None,
-    estimator: str = "roofline",
+    estimator: str = DEFAULT_ESTIMATOR,
     replicas: int = 1,
     router: str = "round_robin",
     seed: int = 0,

@@ -14,7 +14,7 @@ from servesim.estimator.mlp import (
     shipped_weights,
 )
 from servesim.hardware import get_gpu
-from servesim.kernels.types import Gemm, RMSNorm
+from servesim.kernels.types import AttentionDecode, Gemm, RMSNorm
 
 
 def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
@@ -32,7 +32,7 @@ def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
             module.bias.data.uniform_(-0.5, 0.5)
     network.eval()
     names = tuple(f"f{i}" for i in range(5))
-    weights = export_weights(network, "gemm", names, np.zeros(5), np.ones(5), 3.0, {"seed": "1"})
+    weights = export_weights(network, "gemm", names, np.zeros(5), np.ones(5), 3.0, 7.5, {"seed": "1"})
     path = tmp_path / "gemm.npz"
     save_weights(weights, path)
     loaded = load_weights(path)
@@ -41,7 +41,7 @@ def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
         x = torch.from_numpy(np.log1p(features).astype(np.float32))
         expected = 3.0 * torch.sigmoid(network(x)[:, 0]).numpy()
     np.testing.assert_allclose(forward_efficiency(loaded, features), expected, rtol=1e-5)
-    assert loaded.metadata == {"seed": "1"} and loaded.feature_names == names
+    assert loaded.metadata == {"seed": "1"} and loaded.feature_names == names and loaded.latency_floor_us == 7.5
 
 
 def test_shipped_gemm_weights_predict_positive_finite_times():
@@ -100,3 +100,45 @@ def test_split_by_shape_keeps_a_shape_on_one_side():
         per_shape = mask.reshape(200, 3)
         assert np.all(per_shape.all(axis=1) | ~per_shape.any(axis=1))
     assert (split.train ^ split.val ^ split.test).all()
+
+
+def test_every_measured_category_ships_weights_with_a_latency_floor():
+    from servesim.estimator.datasets import SOURCES
+
+    weights = shipped_weights()
+    assert set(SOURCES) <= set(weights)
+    for w in weights.values():
+        assert 0 < w.latency_floor_us < 50 and w.efficiency_max >= 1
+        assert int(w.metadata["train_rows"]) > 1000
+
+
+def test_prediction_is_base_time_over_efficiency():
+    from servesim.estimator.inputs import estimator_inputs
+    from servesim.estimator.mlp import predict_category_us
+
+    weights = shipped_weights()["attn_decode"]
+    kernels = [AttentionDecode(kv_lens=(n,) * b, num_heads=32, num_kv_heads=8, head_dim=128)
+               for n, b in ((100, 1), (4096, 64))]
+    gpu = get_gpu("H100-SXM")
+    inputs = estimator_inputs(kernels, gpu)
+    expected = ((inputs.column("theoretical_time_us") + weights.latency_floor_us)
+                / forward_efficiency(weights, inputs.values))
+    np.testing.assert_allclose(predict_category_us(weights, kernels, gpu), expected)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_default_estimator_times_every_kernel_of_a_step(engine):
+    from servesim.estimator import get_estimator
+    from servesim.estimator.base import DEFAULT_ESTIMATOR
+    from servesim.kernels.batch import parse_batch
+    from servesim.kernels.expand import expand
+    from servesim.models import get_model
+
+    estimator = get_estimator(DEFAULT_ESTIMATOR)
+    assert estimator.name == "mlp"
+    batch = parse_batch("prefill:700+300, decode:12x2000")
+    for model, gpu in (("llama3-8b", "A100"), ("qwen3-30b-a3b", "H100"), ("llama3-8b", "B200"),
+                       ("qwen3-8b", "L40S")):
+        step = expand(engine, get_model(model), get_gpu(gpu), batch)
+        times = estimator.predict_us([s.op for s in step.kernels], get_gpu(gpu))
+        assert np.all(np.isfinite(times)) and np.all(times > 0)

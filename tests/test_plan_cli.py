@@ -43,7 +43,8 @@ def two_gpus() -> dict:
 
 
 def test_readme_command_plans_with_printed_defaults():
-    result = run("plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "-n", "150")
+    result = run("plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "-n", "150",
+                 "--estimator", "roofline")
     assert result.exit_code == 0, result.output
     header = result.output.splitlines()[:3]
     assert "TTFT p90 ≤ 2000 ms and TPOT p90 ≤ 100 ms (default SLOs)" in header[0]
@@ -170,7 +171,8 @@ def test_bad_inputs_are_one_line_errors():
 
 
 def test_quick_prints_every_gpu_with_numbers_and_the_estimator_label():
-    result = run("plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "--quick")
+    result = run("plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "--quick",
+                 "--estimator", "roofline")
     assert result.exit_code == 0, result.output
     assert "estimator: roofline" in result.output and "quick estimate" in result.output
     lines = [line for line in result.output.splitlines() if line.startswith(("H100-SXM ", "H20 ")) and "TP4" in line]
@@ -178,7 +180,8 @@ def test_quick_prints_every_gpu_with_numbers_and_the_estimator_label():
 
 
 def test_quick_json_is_consistent_with_cost_arithmetic():
-    result = run("plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "--quick", "--json")
+    result = run("plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "--quick", "--json",
+                 "--estimator", "roofline")
     payload = json.loads(result.output)
     assert payload["estimator"] == "roofline"
     by_gpu = {o["gpu"]: o for o in payload["options"]}

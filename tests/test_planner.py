@@ -34,7 +34,8 @@ def unloaded_tpot_ms() -> float:
     the tests hold whatever the step-time model predicts."""
     alone = build_workload("fixed:512:48", 20, concurrency=1, seed=0)
     par = Parallelism(1, 1)
-    return simulate(MODEL, H100, par, default_engine_config("vllm", H100, par), alone).summary()["tpot_p90_ms"]
+    return simulate(MODEL, H100, par, default_engine_config("vllm", H100, par), alone,
+                    estimator="roofline").summary()["tpot_p90_ms"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,8 @@ def test_gpu_budget_marks_options_over_it_without_dropping_them(searched):
 
 
 def _request(**fields) -> PlanRequest:
-    base = PlanRequest(model=MODEL, gpus=(H100,), engine="vllm", workload=WORKLOAD, slos=(Slo("tpot", 90, 10.0),))
+    base = PlanRequest(model=MODEL, gpus=(H100,), engine="vllm", workload=WORKLOAD, slos=(Slo("tpot", 90, 10.0),),
+                       estimator="roofline")
     return dataclasses.replace(base, **fields)
 
 

@@ -1,5 +1,6 @@
-"""``servesim train`` and ``servesim eval kernels``: train the kernel estimator's MLPs and score them against the
-roofline on measured kernels, on seen GPUs (held-out shapes) and on GPUs left out of training."""
+"""``servesim train``, ``servesim eval kernels`` and ``servesim eval efficiency``: train the kernel estimator's
+MLPs, score them against the roofline and the baselines on measured kernels (seen GPUs on held-out shapes, GPUs
+left out of training), and inspect the efficiency targets they learn."""
 
 from __future__ import annotations
 
@@ -9,25 +10,45 @@ import click
 
 from servesim.cli.output import Column, emit, output_format_options
 
-_SAMPLE_OPTIONS = (
-    click.option("--category", default="gemm", show_default=True, help="Kernel category."),
-    click.option("--max-rows", default=200_000, show_default=True, help="Seeded random subsample of the measurements."),
+_DATA_OPTIONS = (
+    click.option("--max-rows", default=200_000, show_default=True,
+                 help="Seeded random subsample of each category's measurements."),
     click.option("--seed", default=0, show_default=True, help="Seed of the subsample, the shape split and training."),
+    click.option("--vidur-root", type=click.Path(file_okay=False, path_type=Path), default=Path("../shared/data/vidur"),
+                 show_default=True, help="Vidur's data folder (element-wise categories), relative to the current "
+                                         "directory."),
+    click.option("--extra-data", type=click.Path(file_okay=False, path_type=Path), default=None,
+                 help="A folder of our own GPU collections (servesim collect) to add to the measured rows."),
 )
 
 
-def _sample_options(func):
-    for option in reversed(_SAMPLE_OPTIONS):
+def _data_options(func):
+    for option in reversed(_DATA_OPTIONS):
         func = option(func)
     return func
 
 
+def _category_option(multiple: bool):
+    return click.option("--category", "categories" if multiple else "category", multiple=multiple,
+                        default=("gemm",) if multiple else "gemm", show_default=True,
+                        help="Kernel category with measured data: gemm, scaled_mm, attn_prefill, attn_decode, moe, "
+                             "rmsnorm, silu_mul, rope" + (" (repeatable)." if multiple else "."))
+
+
+def _options(vidur_root: Path, extra_data: Path | None):
+    from servesim.estimator.datasets import DataOptions
+
+    return DataOptions(vidur_root=vidur_root, extra_data=extra_data)
+
+
 @click.command("train")
-@_sample_options
+@_category_option(multiple=False)
+@_data_options
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
-def train_command(category: str, max_rows: int, seed: int, output: Path | None) -> None:
-    """Train one category's MLP on all nine measured GPUs (training shapes only) and write its weights."""
+def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
+                  output: Path | None) -> None:
+    """Train one category's MLP on every measured GPU (training shapes only) and write its weights."""
     import time
 
     from servesim.estimator.datasets import load_samples, split_by_shape
@@ -35,62 +56,135 @@ def train_command(category: str, max_rows: int, seed: int, output: Path | None) 
     from servesim.estimator.training import TrainConfig, train_mlp
 
     start = time.perf_counter()
-    samples = load_samples(category, max_rows=max_rows, seed=seed)
+    samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
+    loaded = time.perf_counter() - start
     result = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed))
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
     click.echo(
-        f"{category}: {int(split.train.sum()):,} training rows, {result.epochs} epochs, validation MAPE "
+        f"{category}: {len(samples):,} rows sampled, {int(split.train.sum()):,} training rows, {result.epochs} "
+        f"epochs, efficiency range (0, {result.weights.efficiency_max:g}), validation MAPE "
         f"{result.best_val_mape:.2f}%; wrote {path}\n"
-        f"training took {result.seconds:.1f} s, {time.perf_counter() - start:.1f} s with data loading and features"
+        f"data and features took {loaded:.1f} s, training {result.seconds:.1f} s, "
+        f"{time.perf_counter() - start:.1f} s in all"
     )
+
+
+def _predictions(train, test, mlp_us, predictors: tuple[str, ...]) -> dict:
+    """Every predictor's times for ``test``: the roofline, each baseline fitted on ``train``, and the MLP's."""
+    from servesim.estimator.baselines import BASELINES
+    from servesim.estimator.training import roofline_samples_us
+
+    out = {"roofline": roofline_samples_us(test)}
+    out.update({name: BASELINES[name](train, test) for name in predictors if name in BASELINES})
+    out["mlp"] = mlp_us
+    return out
 
 
 @click.command("kernels")
-@_sample_options
+@_category_option(multiple=True)
+@_data_options
 @click.option("--holdout", "holdouts", multiple=True, metavar="GPU",
               help="Retrain without this GPU and score on it (repeatable).")
 @output_format_options
-def eval_kernels_command(category: str, max_rows: int, seed: int, holdouts: tuple[str, ...],
-                         output_format: str) -> None:
-    """MAPE (%) per GPU of the roofline, the SynPerf theoretical time and the MLP: seen GPUs on held-out shapes
-    with the shipped weights, then each --holdout GPU with an MLP retrained without it."""
+def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, vidur_root: Path,
+                         extra_data: Path | None, holdouts: tuple[str, ...], output_format: str) -> None:
+    """MAPE (%) of predicted kernel times per category and GPU for the roofline, the baselines (linear, NeuSight,
+    Habitat) and the MLP.
+
+    Seen GPUs: the held-out test shapes, scored with the shipped weights; the baselines are fitted on the other
+    shapes. Each --holdout GPU: the MLP retrained (same seed and settings) and the baselines fitted without any
+    row of that GPU, scored on all its sampled rows.
+    """
+    import time
+
+    from servesim.errors import ServesimError
+    from servesim.estimator.baselines import BASELINES
     from servesim.estimator.datasets import load_samples, split_by_shape
     from servesim.estimator.mlp import shipped_weights
-    from servesim.estimator.training import (
-        TrainConfig,
-        mape_by_gpu,
-        predict_samples_us,
-        roofline_samples_us,
-        train_mlp,
-    )
+    from servesim.estimator.training import TrainConfig, mape_by_gpu, predict_samples_us, train_mlp
     from servesim.hardware import get_gpu
 
-    samples = load_samples(category, max_rows=max_rows, seed=seed)
-    split = split_by_shape(samples.shape_id, seed)
+    start = time.perf_counter()
+    predictors = ("roofline", *BASELINES, "mlp")
+    held_gpus = tuple(get_gpu(h).name for h in holdouts)
     rows = []
-    weights = shipped_weights().get(category)
-    if weights is not None:
+    for category in categories:
+        weights = shipped_weights().get(category)
+        if weights is None:
+            raise ServesimError(f"no shipped weights for {category}; train them with servesim train --category "
+                                f"{category}")
+        samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
+        split = split_by_shape(samples.shape_id, seed)
         seen = samples.subset(split.test)
-        predictions = {"roofline": roofline_samples_us(seen), "theoretical": seen.theoretical_us,
-                       "mlp": predict_samples_us(weights, seen)}
-        rows += [{"set": "seen GPU, held-out shapes", **r} for r in mape_by_gpu(seen, predictions)]
-    for holdout in (get_gpu(h).name for h in holdouts):
-        held = samples.gpu == holdout
-        result = train_mlp(samples, split.train & ~held, split.val & ~held, TrainConfig(seed=seed))
-        unseen = samples.subset(held)
-        predictions = {"roofline": roofline_samples_us(unseen), "theoretical": unseen.theoretical_us,
-                       "mlp": predict_samples_us(result.weights, unseen)}
-        rows += [{"set": "unseen GPU", **r} for r in mape_by_gpu(unseen, predictions) if r["gpu"] != "all"]
-    columns = (Column("set", "set", align="<"), Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
-               Column("roofline", "roofline MAPE %", ".1f"), Column("theoretical", "theoretical MAPE %", ".1f"),
-               Column("mlp", "mlp MAPE %", ".1f"))
-    emit(rows, columns, output_format, title=f"{category}: MAPE of predicted kernel time vs measured",
-         notes=("roofline: peak compute / DRAM bandwidth; theoretical: SynPerf busiest-SM pipe time; "
-                "mlp: theoretical / predicted efficiency.",))
+        predictions = _predictions(samples.subset(~split.test), seen, predict_samples_us(weights, seen), predictors)
+        rows += [{"category": category, "set": "seen GPU, held-out shapes", **r}
+                 for r in mape_by_gpu(seen, predictions)]
+        for gpu_name in held_gpus:
+            held = samples.gpu == gpu_name
+            if not held.any():
+                continue
+            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed))
+            unseen = samples.subset(held)
+            predictions = _predictions(samples.subset(~held), unseen, predict_samples_us(result.weights, unseen),
+                                       predictors)
+            rows += [{"category": category, "set": "unseen GPU", **r}
+                     for r in mape_by_gpu(unseen, predictions) if r["gpu"] != "all"]
+    columns = (Column("category", "category", align="<"), Column("set", "set", align="<"),
+               Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
+               *(Column(p, f"{p} %", ".1f") for p in predictors))
+    notes = (
+        "MAPE % of predicted vs measured kernel time. roofline: peak compute / DRAM bandwidth; linear: least squares "
+        "on GPU-level compute and DRAM time; neusight: tile waves x roofline / learned utilisation; habitat: the "
+        "same shape measured on the nearest training GPU, wave-scaled (roofline where no training GPU measured "
+        "it, i.e. every held-out shape); mlp: (theoretical time + latency floor) / learned efficiency.",
+        f"{max_rows:,} sampled rows per category, seed {seed}; took {time.perf_counter() - start:.0f} s.",
+    )
+    emit(rows, columns, output_format, title="Kernel time estimators: MAPE per category and GPU", notes=notes)
+
+
+@click.command("efficiency")
+@_category_option(multiple=True)
+@_data_options
+@output_format_options
+def eval_efficiency_command(categories: tuple[str, ...], max_rows: int, seed: int, vidur_root: Path,
+                            extra_data: Path | None, output_format: str) -> None:
+    """The estimator's targets, efficiency = theoretical / measured time, per category, GPU and kernel source: a
+    mapping bug (wrong backend, page size or shape) shows as a distribution far from the others'."""
+    import numpy as np
+    import pandas as pd
+
+    from servesim.estimator.datasets import category_frame, samples_from_frame
+
+    rows = []
+    for category in categories:
+        data = category_frame(category, _options(vidur_root, extra_data))
+        frame = data.frame
+        if len(frame) > max_rows:
+            frame = frame.sample(n=max_rows, random_state=seed)
+        samples = samples_from_frame(category, frame)
+        finite = np.isfinite(samples.features.values).all(axis=1)
+        table = pd.DataFrame({"group": samples.group, "source": samples.kernel_source, "finite": finite,
+                              "efficiency": samples.efficiency, "theoretical_us": samples.theoretical_us,
+                              "measured_us": samples.measured_us})
+        for (group, source), part in table.groupby(["group", "source"], sort=True):
+            q = part["efficiency"].quantile([0.05, 0.5, 0.95]).to_numpy()
+            rows.append({"category": category, "group": group, "source": source, "rows": len(part),
+                         "nonfinite": int((~part["finite"]).sum()),
+                         "theoretical_us": part["theoretical_us"].median(), "measured_us": part["measured_us"].median(),
+                         "p5": q[0], "p50": q[1], "p95": q[2], "max": part["efficiency"].max()})
+        for reason, count in data.dropped.items():
+            click.echo(f"{category}: dropped {count:,} rows: {reason}", err=output_format != "table")
+    columns = (Column("category", "category", align="<"), Column("group", "GPU", align="<"),
+               Column("source", "engine and kernel source", align="<"), Column("rows", "rows", ","),
+               Column("nonfinite", "non-finite", ","), Column("theoretical_us", "theoretical µs (median)", ",.1f"),
+               Column("measured_us", "measured µs (median)", ",.1f"), Column("p5", "eff p5", ".3f"),
+               Column("p50", "eff p50", ".3f"), Column("p95", "eff p95", ".3f"), Column("max", "eff max", ".2f"))
+    emit(rows, columns, output_format, title="Efficiency = theoretical / measured time of the measured rows",
+         notes=(f"at most {max_rows:,} sampled rows per category, seed {seed}.",))
 
 
 COMMANDS = [train_command]
 #: Subcommands of ``servesim eval`` (the group lives in cli/comm.py).
-EVAL_SUBCOMMANDS = [eval_kernels_command]
+EVAL_SUBCOMMANDS = [eval_kernels_command, eval_efficiency_command]

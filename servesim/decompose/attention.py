@@ -26,7 +26,13 @@ from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, dtype_bytes
 
-BACKENDS = ("fa2", "fa3", "flashinfer")
+BACKENDS = ("fa2", "fa3", "flashinfer", "trtllm_mha")
+#: Backends decomposed as another one's kernels. SGLang's ``trtllm_mha`` on Blackwell runs FlashInfer's TRT-LLM-gen
+#: kernels, the same ones vLLM's FlashInfer backend dispatches to there.
+_DECOMPOSED_AS = {"trtllm_mha": "flashinfer"}
+#: Above this many query heads per KV head the engines run FlashInfer decode through its tensor-core prefill
+#: kernel (vLLM's FlashInfer backend sets ``use_tensor_cores`` when the group exceeds 4).
+FLASHINFER_DECODE_MAX_GROUP = 4
 #: FA2 splits at most this many ways (flash_api.cpp: num_splits_heuristic(..., 128)); FA3 likewise.
 MAX_SPLITS = 128
 #: FA3's L2-size split rule assumes a 50 MiB L2 (hopper/heuristics.h).
@@ -46,19 +52,23 @@ class AttentionTile:
     persistent: bool
 
 
-def _fa2_tile(head_dim: int, elem_bytes: float) -> AttentionTile:
+def _fa2_tile(head_dim: int, elem_bytes: float, max_smem_bytes: float) -> AttentionTile:
     """flash_fwd_launch_template.h (FA2 v2.6, sm80): 128x128 (d <= 64), 128x64 with 4 warps (d <= 128), 128x64
-    with 8 warps above; Q, K and V tiles in shared memory."""
-    block_n = 128 if head_dim <= 64 else 64
+    with 8 warps above; Q, K and V tiles in shared memory. Where that tile's shared memory exceeds the GPU's
+    per-CTA limit (d = 256 on sm86/sm89), 64x64 with 4 warps (``run_mha_fwd_hdim256``)."""
+    block_m, block_n = 128, 128 if head_dim <= 64 else 64
     warps = 4 if head_dim <= 128 else 8
-    smem = int((128 + 2 * block_n) * head_dim * elem_bytes)
-    return AttentionTile(128, block_n, warps * 32, 255, smem, warps, False)
+    if (block_m + 2 * block_n) * head_dim * elem_bytes > max_smem_bytes:
+        block_m, block_n, warps = 64, 64, 4
+    smem = int((block_m + 2 * block_n) * head_dim * elem_bytes)
+    return AttentionTile(block_m, block_n, warps * 32, 255, smem, warps, False)
 
 
 def _fa3_tile(head_dim: int, causal: bool, paged_non_tma: bool, elem_bytes: float) -> AttentionTile:
     """hopper/tile_size.h tile_size_fwd_sm90 (FA3 v3.0.0b1): 192x128 (d <= 64), 192x144 (d <= 96), 128x128 when
     causal or paged without TMA else 128x176 (d <= 128), 128x112 (d <= 192), 128x80 (d <= 256); one producer plus
-    block_m/64 consumer warpgroups; two K/V pipeline stages."""
+    block_m/64 consumer warpgroups; two K/V pipeline stages. One CTA per SM: the warpgroups split the 64K-register
+    file (setmaxnreg), so the mean registers per thread are 65536 / threads (168 for 384 threads, 128 for 512)."""
     if head_dim <= 64:
         block_m, block_n = 192, 128
     elif head_dim <= 96:
@@ -70,8 +80,9 @@ def _fa3_tile(head_dim: int, causal: bool, paged_non_tma: bool, elem_bytes: floa
     else:
         block_m, block_n = 128, 80
     consumers = block_m // 64
+    threads = (consumers + 1) * 128
     smem = int((block_m + 2 * 2 * block_n) * head_dim * elem_bytes)
-    return AttentionTile(block_m, block_n, (consumers + 1) * 128, 168, smem, consumers, True)
+    return AttentionTile(block_m, block_n, threads, 65536 // threads // 8 * 8, smem, consumers, True)
 
 
 def _flashinfer_fa2_tile(avg_packed_q: float, head_dim: int, elem_bytes: float) -> AttentionTile:
@@ -140,11 +151,13 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, dims: np.
     return Launch(name, config, tasks, MIN_HEAP if tile.persistent else ROUND_ROBIN, grid, kernel.dtype, notes)
 
 
-def _check(kernel) -> None:
+def _check(kernel) -> str:
+    """The backend whose kernels ``kernel`` is decomposed as; raises on a bad backend or head grouping."""
     if kernel.backend not in BACKENDS:
         raise ServesimError(f"unknown attention backend {kernel.backend!r}; choose one of {', '.join(BACKENDS)}")
     if kernel.num_heads % kernel.num_kv_heads:
         raise ServesimError(f"{kernel.num_heads} query heads do not group evenly over {kernel.num_kv_heads} KV heads")
+    return _DECOMPOSED_AS.get(kernel.backend, kernel.backend)
 
 
 def _expand(counts: np.ndarray):
@@ -158,17 +171,17 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
     """FA2: grid (ceil(max_q / 128), batch, heads), shorter requests' surplus CTAs exit at once; hardware
     round-robin. FA3 and FlashInfer on SM90: GQA-packed varlen tiles on a persistent grid, longest tile first to the
     least-loaded CTA. FlashInfer elsewhere: GQA-packed (request, query tile) work items x KV heads, round-robin."""
-    _check(kernel)
+    backend = _check(kernel)
     q = np.asarray(kernel.query_lens, dtype=np.int64)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
     elem = dtype_bytes(kernel.dtype)
     sm90 = gpu.compute_capability.startswith("9")
-    if kernel.backend == "fa2":
-        tile, pack, heads = _fa2_tile(kernel.head_dim, elem), 1, kernel.num_heads
+    if backend == "fa2":
+        tile, pack, heads = _fa2_tile(kernel.head_dim, elem, gpu.max_smem_per_cta_kib * 1024), 1, kernel.num_heads
         tiles_per_req = np.full_like(q, -(-int(q.max()) // tile.block_m))
     else:
-        if kernel.backend == "fa3" or sm90:
+        if backend == "fa3" or sm90:
             paged_non_tma = kernel.kv_layout == "paged"
             tile = _fa3_tile(kernel.head_dim, kernel.causal, paged_non_tma, elem)
         else:
@@ -241,36 +254,42 @@ def flashinfer_decode_chunk_pages(pages: np.ndarray, kv_heads: int, max_grid_cta
 
 def _flashinfer_decode_tile(group: int, head_dim: int, kv_bytes: float) -> AttentionTile:
     """FlashInfer decode.cuh: bdx = head_dim / vec (vec = max(16 B / elem, head_dim / 32)), bdy = group,
-    bdz so that the CTA has max(128, bdx*bdy) threads; 2 shared-memory stages of bdy*bdz*tile keys."""
+    bdz so that the CTA has max(128, bdx*bdy) threads; 2 shared-memory stages of bdy*bdz*tile keys, tile =
+    ``tile_size_per_bdx`` (1 under GQA, else 2 for 8-bit and 4 for 16-bit KV)."""
     vec = max(int(16 // kv_bytes), head_dim // 32)
     bdx = head_dim // vec
     threads = max(128, bdx * group)
     bdz = threads // (bdx * group)
-    keys_per_step = group * bdz * (1 if group > 1 else int(16 // kv_bytes))
+    keys_per_step = group * bdz * (1 if group > 1 else 2 if kv_bytes == 1 else 4)
     smem = int(2 * 2 * keys_per_step * head_dim * kv_bytes)
     return AttentionTile(group, keys_per_step, threads, 64, smem, 1, False)
 
 
 def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile, int]:
-    """The tile and the number of KV splits (FA2/FA3) or pages per chunk (FlashInfer) the backend chooses."""
-    _check(kernel)
+    """The tile and the number of KV splits (FA2/FA3) or pages per chunk (FlashInfer) the backend chooses. FlashInfer
+    with more than FLASHINFER_DECODE_MAX_GROUP query heads per KV head runs its prefill (tensor-core) kernel, whose
+    plan chunks the KV the same way."""
+    backend = _check(kernel)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
     elem, kv_b = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype)
     batch, max_kv = len(kv), int(kv.max())
-    if kernel.backend == "fa2":
+    if backend == "fa2":
         # flash_api.cpp set_params_splitkv: 64-row tile, key block by head_dim, 2 CTAs per SM assumed.
         block_n = 256 if kernel.head_dim <= 64 else 128 if kernel.head_dim <= 128 else 64
         tile = AttentionTile(64, block_n, 128, 255, int((64 + 2 * block_n) * kernel.head_dim * elem), 4, False)
         m_blocks = -(-group // 64)
         return tile, fa2_num_splits(batch * kernel.num_kv_heads * m_blocks, 2 * gpu.sm_count, -(-max_kv // block_n))
-    if kernel.backend == "fa3":
+    if backend == "fa3":
         tile = _fa3_tile(kernel.head_dim, False, kernel.page_size % 128 != 0, elem)
         m_blocks = -(-group // tile.block_m)
         kv_head_bytes = max_kv * 2 * kernel.head_dim * kv_b
         return tile, fa3_num_splits(batch * kernel.num_kv_heads * m_blocks, gpu.sm_count,
                                     -(-max_kv // tile.block_n), kv_head_bytes)
-    tile = _flashinfer_decode_tile(group, kernel.head_dim, kv_b)
+    if group > FLASHINFER_DECODE_MAX_GROUP:  # tensor-core decode: the prefill kernel's tile over the packed group
+        tile = _flashinfer_fa2_tile(float(group), kernel.head_dim, elem)
+    else:
+        tile = _flashinfer_decode_tile(group, kernel.head_dim, kv_b)
     max_grid = gpu.sm_count * occupancy(LaunchConfig(tile.threads, tile.registers, tile.smem_bytes), gpu).ctas_per_sm
     pages = -(-kv // kernel.page_size)
     return tile, flashinfer_decode_chunk_pages(pages, kernel.num_kv_heads, max_grid, kernel.page_size)
@@ -283,7 +302,7 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
     tile, choice = decode_splits(kernel, gpu)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
-    if kernel.backend == "flashinfer":
+    if _check(kernel) == "flashinfer":
         chunk_keys = choice * kernel.page_size
         chunks = -(-kv // chunk_keys)
         splits_label = f"{choice} pages per chunk"

@@ -36,7 +36,8 @@ def _mlp() -> KernelEstimator:
 #: Estimator factories by the name users pass to ``--estimator``.
 ESTIMATORS: dict[str, Callable[[], KernelEstimator]] = {"roofline": _roofline, "mlp": _mlp}
 
-DEFAULT_ESTIMATOR = "roofline"
+#: The estimator every command uses unless told otherwise (docs/estimator.md).
+DEFAULT_ESTIMATOR = "mlp"
 
 
 def get_estimator(name: str) -> KernelEstimator:

@@ -1,6 +1,11 @@
 """Training samples for the kernel estimator: measured kernel tables turned into kernel objects, their SynPerf
 feature matrices and efficiency targets (theoretical time / measured time).
 
+Each category reads its measured rows (aiconfigurator-core tables, Vidur's per-op CSVs, our own collections),
+keeps the rows servesim has a kernel model for, and maps every row to the kernel object the step model builds for
+the same work: the engine's attention backend and page size for attention, the local experts' share of the
+routed tokens for fused MoE. :func:`category_frame` says which rows were dropped and why.
+
 Rows are split by *shape*, not by row: a shape's measurements on every GPU and by every engine fall on the same
 side, so "seen GPU, held-out shape" accuracy never scores a shape the model trained on. The split of a shape is
 a hash of its values and the seed, so it does not depend on which other rows were loaded.
@@ -8,16 +13,44 @@ a hash of its values and the seed, so it does not depend on which other rows wer
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
 
-from servesim.errors import ServesimError
-from servesim.features import FeatureMatrix, kernel_features
+from servesim.data.vidur import DEFAULT_VIDUR_ROOT
+from servesim.errors import ServesimError, suggest
+from servesim.estimator.inputs import estimator_inputs
+from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
-from servesim.kernels.types import Gemm, Kernel
+from servesim.kernels.engines import get_engine
+from servesim.kernels.types import (
+    AttentionDecode,
+    AttentionPrefill,
+    FusedMoE,
+    Gemm,
+    Kernel,
+    Quantize,
+    RMSNorm,
+    Rope,
+    ScaledMM,
+    SiluMul,
+)
+
+#: ``system`` of rows from our own GPU collections (``--extra-data``); eval reports them as their own rows.
+LOCAL_SYSTEM = "local"
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """Where measured rows beyond aiconfigurator-core come from: Vidur's per-op CSVs (element-wise categories;
+    a relative path is taken from the current directory) and an optional folder of our own GPU collections."""
+
+    vidur_root: Path = DEFAULT_VIDUR_ROOT
+    extra_data: Path | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,6 +63,8 @@ class KernelSamples:
     shape_id: np.ndarray  # uint64 hash of the shape's values, equal across GPUs and engines
     features: FeatureMatrix
     measured_us: np.ndarray
+    group: np.ndarray  # the row's report group: the GPU, or "<GPU> (local)" for our own collections
+    kernel_source: np.ndarray  # "<engine> <kernel or code path timed>" per row
 
     def __len__(self) -> int:
         return len(self.kernels)
@@ -52,6 +87,8 @@ class KernelSamples:
             shape_id=self.shape_id[rows],
             features=FeatureMatrix(self.features.names, self.features.values[rows]),
             measured_us=self.measured_us[rows],
+            group=self.group[rows],
+            kernel_source=self.kernel_source[rows],
         )
 
 
@@ -74,62 +111,396 @@ def split_by_shape(shape_id: np.ndarray, seed: int, val_fraction: float = 0.1,
     return ShapeSplit(train=~(test | val), val=val, test=test)
 
 
-def _gemm_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    return [Gemm(m=int(m), n=int(n), k=int(k), dtype=str(d))
-            for m, n, k, d in zip(frame["m"], frame["n"], frame["k"], frame["dtype"])]
+@dataclass(frozen=True, eq=False)
+class CategoryFrame:
+    """A category's usable measured rows (columns: gpu, system, backend, kernel_source, the shape columns,
+    latency_us) and the rows left out, as ``reason -> count``."""
+
+    frame: pd.DataFrame
+    dropped: Mapping[str, int]
 
 
-@dataclass(frozen=True)
-class CategorySource:
-    """Where one category's measurements come from and how a row becomes a kernel."""
-
-    load: Callable[[], pd.DataFrame]
-    shape_columns: tuple[str, ...]
-    to_kernels: Callable[[pd.DataFrame], list[Kernel]]
+def _drop(frame: pd.DataFrame, keep: pd.Series, reason: str, dropped: dict[str, int]) -> pd.DataFrame:
+    if (~keep).any():
+        dropped[reason] = dropped.get(reason, 0) + int((~keep).sum())
+    return frame[keep]
 
 
-def _load_bf16_gemm() -> pd.DataFrame:
+def _sources(frame: pd.DataFrame) -> pd.Series:
+    return frame["kernel_source"].astype(str)
+
+
+# --- GEMM family -----------------------------------------------------------------------------------------------
+
+
+def _read_gemm(options: DataOptions) -> pd.DataFrame:
     from servesim.data.aiconfigurator import load_gemm
 
     return load_gemm(dtypes=("bf16",))
 
 
-#: Categories with measured training data. BF16 GEMMs only for ``gemm``: FP8 rows are the ``scaled_mm`` category.
+def _prepare_gemm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    return _drop(frame, frame["dtype"].astype(str) == "bf16", "not BF16 (FP8 rows are scaled_mm)", dropped)
+
+
+def _gemm_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return [Gemm(m=int(m), n=int(n), k=int(k), dtype=str(d))
+            for m, n, k, d in zip(frame["m"], frame["n"], frame["k"], frame["dtype"])]
+
+
+def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_gemm
+
+    return load_gemm(dtypes=("fp8",))
+
+
+def _scaled_mm_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return [ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s))
+            for m, n, k, s in zip(frame["m"], frame["n"], frame["k"], frame["scaling"])]
+
+
+def _quantize_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    """The activation quantisation each FP8 row also timed (see :func:`_prepare_scaled_mm`)."""
+    return [Quantize(rows=int(m), cols=int(k), group=128 if s == "block" else 0)
+            for m, k, s in zip(frame["m"], frame["k"], frame["scaling"])]
+
+
+def _fallback_us(frame: pd.DataFrame, kernels: Sequence[Kernel]) -> np.ndarray:
+    """Times the roofline estimator (the MLP estimator's fallback) gives ``kernels[i]`` on ``frame.gpu[i]``."""
+    from servesim.estimator.roofline import RooflineEstimator
+
+    out = np.empty(len(frame))
+    for gpu_name, rows in frame.groupby("gpu", observed=True).indices.items():
+        out[rows] = RooflineEstimator().predict_us([kernels[i] for i in rows], get_gpu(str(gpu_name)))
+    return out
+
+
+#: vLLM 0.24's block-scaled FP8 linears take 60 us (Hopper) to 800 us (GB200) whatever the shape up to m = 2048,
+#: where SGLang's DeepGEMM path on the same GPUs takes 10 us: the timing is bound by per-call host work.
+_HOST_BOUND_FP8_SOURCES = frozenset({
+    "DeepGemmFp8BlockScaledMMKernel", "CutlassFp8BlockScaledMMKernel", "FlashInferFp8BlockScaledMMKernel",
+    "TritonFp8BlockScaledMMKernel",
+})
+
+
+def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    """aiconfigurator's FP8 rows time the engine's linear layer: dynamic activation quantisation, then the scaled
+    MM. The step model has the quantisation as its own ``Quantize`` kernel, timed by the roofline, so their
+    scaled-MM target is the measured time less that roofline time; rows where nothing is left are dropped. Our
+    collections time the scaled MM alone."""
+    frame = _drop(frame, frame["dtype"].astype(str) == "fp8", "not FP8", dropped)
+    frame = _drop(frame, ~_sources(frame).isin(_HOST_BOUND_FP8_SOURCES),
+                  "vLLM block-scaled FP8 linears (flat in m, several times SGLang's DeepGEMM: host-bound)",
+                  dropped).reset_index(drop=True)
+    quant_us = np.where(_local(frame), 0.0, _fallback_us(frame, _quantize_kernels(frame)))
+    frame = frame.assign(latency_us=frame["latency_us"] - quant_us)
+    return _drop(frame, frame["latency_us"] > 0, "measured time not above the Quantize kernel's roofline time",
+                 dropped)
+
+
+# --- attention ---------------------------------------------------------------------------------------------------
+
+#: Measured kernel_source -> the servesim attention backend whose kernels it ran.
+ATTENTION_BACKENDS: Mapping[str, str] = MappingProxyType({
+    "vllm_flash_attn": "fa2",  # A100, vLLM 0.14: FlashAttention-2
+    "flash_attention": "fa2",  # A100, SGLang 0.5.10: FlashAttention on Ampere
+    "vllm_flash_attn_fa2": "fa2",
+    "vllm_flash_attn_fa3": "fa3",
+    "fa3": "fa3",
+    "flashinfer": "flashinfer",
+    "vllm_flashinfer_fiprefill": "flashinfer",
+    "vllm_flashinfer_fidecode": "flashinfer",
+    # vLLM's FlashInfer backend on Blackwell dispatches to the TRT-LLM-gen kernels.
+    "vllm_flashinfer_trtllmprefill": "flashinfer",
+    "vllm_flashinfer_trtllmdecode": "flashinfer",
+    "trtllm_mha": "trtllm_mha",
+})
+#: Context-table rows of 1-token queries that vLLM's FlashInfer backend times with its decode kernels.
+_DECODE_KERNELS_IN_CONTEXT = frozenset({"vllm_flashinfer_trtllmdecode", "vllm_flashinfer_fidecode"})
+#: Measured kernel sources servesim has no kernel model for (neither engine's default backend).
+UNMODELLED_ATTENTION = frozenset({"triton", "vllm_triton_attn", "vllm_flash_attn_fa4"})
+
+
+def _local(frame: pd.DataFrame) -> np.ndarray:
+    return (frame["system"].astype(str) == LOCAL_SYSTEM).to_numpy()
+
+
+#: Page size of our collections' attention rows: FlashInfer decode is timed on 16-token pages, the other
+#: implementations read contiguous KV, which the paged decomposition with the kernels' default pages stands for.
+_COLLECTED_PAGE_SIZE = 16
+
+
+def _collected_backend(collection: str, kernel_source: str) -> str:
+    from servesim.data.collect.implementations import by_kernel_source
+
+    implementation = by_kernel_source(collection, kernel_source)
+    if implementation is None or not implementation.attention_backend:
+        raise ServesimError(f"unknown {collection} implementation {kernel_source!r} in a collection; re-collect it "
+                            "with this servesim")
+    return implementation.attention_backend
+
+
+def _prepare_attention(collection: str) -> Callable[[pd.DataFrame, dict[str, int]], pd.DataFrame]:
+    """Full-attention rows of modelled kernels, with the servesim backend and page size: the engine's for
+    aiconfigurator rows, the collector implementation's for our own (``collection`` names their category)."""
+
+    def prepare(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+        local = _local(frame)
+        unknown = sorted(set(_sources(frame)[~local]) - set(ATTENTION_BACKENDS) - UNMODELLED_ATTENTION)
+        if unknown:
+            raise ServesimError(
+                f"unknown attention kernel source(s) {', '.join(unknown)}; map them in "
+                "servesim.estimator.datasets.ATTENTION_BACKENDS"
+            )
+        frame = _drop(frame, ~_sources(frame).isin(UNMODELLED_ATTENTION),
+                      "Triton or FA4 attention (no kernel model)", dropped)
+        frame = _drop(frame, frame["window_size"] == 0, "sliding-window attention (no kernel model)", dropped)
+        local = _local(frame)
+        backend = [_collected_backend(collection, s) if is_local else ATTENTION_BACKENDS[s]
+                   for s, is_local in zip(_sources(frame), local)]
+        page_size = [_COLLECTED_PAGE_SIZE if is_local else get_engine(str(e)).page_size(b)
+                     for e, b, is_local in zip(frame["backend"], backend, local)]
+        return frame.assign(attention_backend=backend, page_size=page_size)
+
+    return prepare
+
+
+def _read_context_attention(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_context_attention
+
+    return load_context_attention()
+
+
+def _prepare_prefill(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    frame = _prepare_attention("context_attention")(frame, dropped)
+    frame = _drop(frame, ~_sources(frame).isin(_DECODE_KERNELS_IN_CONTEXT),
+                  "decode kernels in the context table (vLLM's FlashInfer backend runs 1-token queries as decodes)",
+                  dropped)
+    # SGLang's FlashInfer backend runs new tokens with nothing cached as a ragged kernel (no KV pages); our
+    # collections time contiguous K/V.
+    ragged = [is_local or b in get_engine(str(e)).ragged_prefix_split
+              for e, b, is_local in zip(frame["backend"], frame["attention_backend"], _local(frame))]
+    return frame.assign(kv_layout=np.where(ragged, "ragged", "paged"))
+
+
+def _prefill_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    columns = ("batch", "seq_len", "prefix_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype",
+               "attention_backend", "page_size", "kv_layout")
+    return [
+        AttentionPrefill(query_lens=(int(s),) * int(b), kv_lens=(int(s + p),) * int(b), num_heads=int(h),
+                         num_kv_heads=int(kvh), head_dim=int(d), dtype=str(dt), kv_dtype=str(kvd), backend=str(be),
+                         page_size=int(ps), kv_layout=str(lay))
+        for b, s, p, h, kvh, d, dt, kvd, be, ps, lay in zip(*(frame[c] for c in columns))
+    ]
+
+
+def _read_generation_attention(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_generation_attention
+
+    return load_generation_attention()
+
+
+def _decode_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    columns = ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "attention_backend",
+               "page_size")
+    return [
+        AttentionDecode(kv_lens=(int(kv),) * int(b), num_heads=int(h), num_kv_heads=int(kvh), head_dim=int(d),
+                        dtype=str(dt), kv_dtype=str(kvd), backend=str(be), page_size=int(ps))
+        for b, kv, h, kvh, d, dt, kvd, be, ps in zip(*(frame[c] for c in columns))
+    ]
+
+
+# --- fused MoE ---------------------------------------------------------------------------------------------------
+
+#: The Triton fused-MoE path the FusedMoE kernel models (docs/kernels.md); other rows time FlashInfer/TRT-LLM
+#: expert kernels.
+TRITON_MOE_SOURCES = frozenset({
+    "sglang_fused_moe_triton", "vllm_fused_moe", "vllm_unquantizedfusedmoe_triton_tritonexperts",
+    "vllm_fp8moe_triton_tritonexperts", "vllm_modeloptfp8moe_triton_tritonexperts",
+})
+
+
+def _read_moe(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_moe
+
+    return load_moe()
+
+
+def _prepare_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    frame = _drop(frame, _sources(frame).isin(TRITON_MOE_SOURCES),
+                  "FlashInfer/TRT-LLM expert kernels (FusedMoE models the Triton path)", dropped)
+    return _drop(frame, frame["distribution"].astype(str) == "balanced",
+                 "power-law routing (the step model routes evenly)", dropped)
+
+
+def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    """One GPU of ``moe_tp`` x ``moe_ep``: every expert's intermediate width over ``moe_tp``, the first
+    ``num_experts / moe_ep`` experts local, receiving their share of the evenly routed (token, choice) pairs."""
+    from servesim.kernels.expand import _balanced_routing
+
+    columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype", "scaling")
+    kernels: list[Kernel] = []
+    for t, h, inter, e, topk, tp, ep, dtype, scaling in zip(*(frame[c] for c in columns)):
+        local = int(e) // int(ep)
+        kernels.append(FusedMoE(
+            tokens=int(t), num_experts=local, top_k=int(topk), hidden=int(h), intermediate=int(inter) // int(tp),
+            expert_tokens=_balanced_routing(int(t) * int(topk), int(e))[:local], dtype=str(dtype),
+            scale="" if scaling == "none" else str(scaling),
+        ))
+    return kernels
+
+
+# --- element-wise ------------------------------------------------------------------------------------------------
+
+#: Columns each element-wise category's rows need, as our collections store them: ``hidden`` is the width the
+#: op works on (the model's hidden size for RMSNorm, the per-GPU intermediate size for SiLU&Mul's output).
+_ELEMENTWISE_COLUMNS = {"rmsnorm": ("num_tokens", "hidden"), "silu_mul": ("num_tokens", "hidden"),
+                        "rope": ("num_tokens", "num_heads", "num_kv_heads", "head_dim")}
+
+
+def _read_vidur(category: str) -> Callable[[DataOptions], pd.DataFrame]:
+    def read(options: DataOptions) -> pd.DataFrame:
+        from servesim.data.vidur import load_vidur_ops
+
+        ops = load_vidur_ops(options.vidur_root)
+        ops = ops[ops["op"] == category]
+        tp = ops["tp"]
+        return pd.DataFrame({
+            "gpu": ops["gpu"], "system": "vidur", "backend": "vidur", "kernel_source": "vidur " + ops["vidur_op"],
+            "num_tokens": ops["num_tokens"],
+            "hidden": ops["n_expanded_embd"] // tp if category == "silu_mul" else ops["n_embd"],
+            "num_heads": ops["n_head"] // tp, "num_kv_heads": np.maximum(ops["n_kv_head"] // tp, 1),
+            "head_dim": ops["n_embd"] // ops["n_head"], "dtype": "bf16", "latency_us": ops["latency_us"],
+        })
+
+    return read
+
+
+def _prepare_elementwise(category: str) -> Callable[[pd.DataFrame, dict[str, int]], pd.DataFrame]:
+    def prepare(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+        missing = [c for c in _ELEMENTWISE_COLUMNS[category] if c not in frame.columns or frame[c].isna().any()]
+        if missing:
+            raise ServesimError(f"{category} rows lack {', '.join(missing)}; re-collect them with this servesim")
+        return frame
+
+    return prepare
+
+
+def _rmsnorm_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return [RMSNorm(rows=int(t), dim=int(h)) for t, h in zip(frame["num_tokens"], frame["hidden"])]
+
+
+def _silu_mul_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return [SiluMul(tokens=int(t), dim=int(d)) for t, d in zip(frame["num_tokens"], frame["hidden"])]
+
+
+def _rope_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    columns = _ELEMENTWISE_COLUMNS["rope"]
+    return [Rope(tokens=int(t), num_heads=int(h), num_kv_heads=int(kvh), head_dim=int(d))
+            for t, h, kvh, d in zip(*(frame[c] for c in columns))]
+
+
+# --- the registry ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CategorySource:
+    """One category's measurements: ``read`` returns the measured rows in the loaders' columns, ``prepare`` keeps
+    the rows servesim models (recording the others in the dict it is given) and adds what ``to_kernels`` needs.
+    ``collection`` names the category in our own collections (None: not collected)."""
+
+    read: Callable[[DataOptions], pd.DataFrame]
+    prepare: Callable[[pd.DataFrame, dict[str, int]], pd.DataFrame]
+    shape_columns: tuple[str, ...]
+    to_kernels: Callable[[pd.DataFrame], list[Kernel]]
+    collection: str | None
+
+
+_ATTENTION_SHAPE = ("batch", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype")
+
+#: Categories with measured training data, named as the kernels' ``category``.
 SOURCES: dict[str, CategorySource] = {
-    "gemm": CategorySource(_load_bf16_gemm, ("m", "n", "k", "dtype"), _gemm_kernels),
+    "gemm": CategorySource(_read_gemm, _prepare_gemm, ("m", "n", "k", "dtype"), _gemm_kernels, "gemm"),
+    "scaled_mm": CategorySource(_read_fp8_gemm, _prepare_scaled_mm, ("m", "n", "k", "scaling"), _scaled_mm_kernels,
+                                "scaled_mm"),
+    "attn_prefill": CategorySource(_read_context_attention, _prepare_prefill, ("seq_len", "prefix_len",
+                                   *_ATTENTION_SHAPE), _prefill_kernels, "context_attention"),
+    "attn_decode": CategorySource(_read_generation_attention, _prepare_attention("generation_attention"),
+                                  ("kv_len", *_ATTENTION_SHAPE),
+                                  _decode_kernels, "generation_attention"),
+    "moe": CategorySource(_read_moe, _prepare_moe, ("num_tokens", "hidden", "intermediate", "num_experts", "topk",
+                                                    "moe_tp", "moe_ep", "dtype", "scaling"), _moe_kernels, None),
+    **{
+        category: CategorySource(_read_vidur(category), _prepare_elementwise(category),
+                                 _ELEMENTWISE_COLUMNS[category], kernels, category)
+        for category, kernels in (("rmsnorm", _rmsnorm_kernels), ("silu_mul", _silu_mul_kernels),
+                                  ("rope", _rope_kernels))
+    },
 }
 
 
+def read_rows(category: str, options: DataOptions = DataOptions()) -> pd.DataFrame:
+    """The measured rows of ``category``, with our own collection's rows (``system`` = local) when
+    ``options.extra_data`` is given."""
+    source = _source(category)
+    frame = source.read(options)
+    if options.extra_data is None or source.collection is None:
+        return frame
+    try:
+        from servesim.data.collect import load_collection
+    except ImportError:
+        raise ServesimError("--extra-data needs servesim.data.collect, which this servesim lacks") from None
+    local = load_collection(options.extra_data, source.collection).assign(system=LOCAL_SYSTEM)
+    return pd.concat([frame, local], ignore_index=True)
+
+
+def prepare_frame(category: str, frame: pd.DataFrame) -> CategoryFrame:
+    """The rows of a measured frame (loader columns) servesim models, ready for :func:`samples_from_frame`, and
+    the counts of rows left out, by reason."""
+    dropped: dict[str, int] = {}
+    frame = _source(category).prepare(frame, dropped)
+    frame = _drop(frame, frame["latency_us"] > 0, "no positive latency", dropped)
+    return CategoryFrame(frame.reset_index(drop=True), MappingProxyType(dropped))
+
+
+def category_frame(category: str, options: DataOptions = DataOptions()) -> CategoryFrame:
+    """The usable measured rows of ``category`` and the counts of rows left out, by reason."""
+    return prepare_frame(category, read_rows(category, options))
+
+
 def samples_from_frame(category: str, frame: pd.DataFrame) -> KernelSamples:
-    """Kernels, features and measured times of a measured frame's rows (features computed per GPU, batched)."""
+    """Kernels, estimator inputs and measured times of a measured frame's rows (computed per GPU, batched)."""
     source = _source(category)
     frame = frame.reset_index(drop=True)
     kernels = source.to_kernels(frame)
     values = np.empty((len(frame), 0))
     names: tuple[str, ...] = ()
     for gpu_name, rows in frame.groupby("gpu", observed=True).indices.items():
-        matrix = kernel_features([kernels[i] for i in rows], get_gpu(str(gpu_name)))
+        matrix = estimator_inputs([kernels[i] for i in rows], get_gpu(str(gpu_name)))
         if not names:
             names, values = matrix.names, np.empty((len(frame), len(matrix.names)))
         values[rows] = matrix.values
     shape_id = pd.util.hash_pandas_object(frame[list(source.shape_columns)], index=False).to_numpy()
+    gpu = frame["gpu"].astype(str).to_numpy()
+    local = frame["system"].astype(str).to_numpy() == LOCAL_SYSTEM
     return KernelSamples(
         category=category,
         kernels=tuple(kernels),
-        gpu=frame["gpu"].astype(str).to_numpy(),
+        gpu=gpu,
         shape_id=shape_id,
         features=FeatureMatrix(names, values),
         measured_us=frame["latency_us"].to_numpy(dtype=np.float64),
+        group=np.where(local, np.char.add(gpu.astype(str), " (local)"), gpu),
+        kernel_source=(frame["backend"].astype(str) + " " + frame["kernel_source"].astype(str)).to_numpy(),
     )
 
 
-def load_samples(category: str, max_rows: int | None = None, seed: int = 0,
-                 gpus: Sequence[str] | None = None) -> KernelSamples:
+def load_samples(category: str, max_rows: int | None = None, seed: int = 0, gpus: Sequence[str] | None = None,
+                 options: DataOptions = DataOptions()) -> KernelSamples:
     """Measured samples of ``category`` (optionally only ``gpus``), a seeded random ``max_rows`` of them at most."""
-    frame = _source(category).load()
+    frame = category_frame(category, options).frame
     if gpus is not None:
         frame = frame[frame["gpu"].isin(list(gpus))]
-    frame = frame[frame["latency_us"] > 0]
     if max_rows is not None and len(frame) > max_rows:
         frame = frame.sample(n=max_rows, random_state=seed)
     return samples_from_frame(category, frame)
@@ -140,5 +511,6 @@ def _source(category: str) -> CategorySource:
         return SOURCES[category]
     except KeyError:
         raise ServesimError(
-            f"no measured training data for kernel category {category!r}; available: {', '.join(SOURCES)}"
+            f"no measured training data for kernel category {category!r}.{suggest(category, SOURCES)} "
+            f"Available: {', '.join(SOURCES)}."
         ) from None

@@ -1,5 +1,12 @@
-"""The SynPerf-style estimator: one MLP per kernel category predicts efficiency = theoretical time / measured
-time from the kernel's analytical features; the predicted time is the theoretical time over that efficiency.
+"""The SynPerf-style estimator: one MLP per kernel category predicts an efficiency from the kernel's analytical
+features; the predicted time is the kernel's base time over that efficiency.
+
+The base time is the SynPerf theoretical time (the busiest SM's slowest pipe) plus the category's latency floor
+``latency_floor_us``, the time its smallest measured kernels take on a typical GPU (launch, first wave, drain).
+With the bare theoretical time, a kernel whose time is all launch and ramp has an efficiency proportional to its
+theoretical time, so the network has to learn each GPU's floor from the GPU's identity, and a GPU left out of
+training (an H200 next to an H100) gets the floor of whichever GPU its specification resembles; with the floor
+added, such kernels have an efficiency near 1 on every GPU. For long kernels the floor is negligible.
 
 Inference is numpy, batched over all kernels of a category. Weights ship as ``weights/<category>.npz`` with the
 batch norms folded into the linear layers, so the forward pass is ``relu(x @ W + b)`` per hidden layer and a
@@ -8,8 +15,7 @@ which ones do.
 
 The output is ``efficiency_max * sigmoid(z)`` rather than a bare sigmoid: the analytical theoretical time is
 above the measured time for many kernels (tile and L2 models that are pessimistic on some GPUs, benchmarks that
-hit in L2), so the efficiency target exceeds 1 on a sizeable share of rows; ``efficiency_max`` is stored with
-the weights.
+hit in L2), so the efficiency target exceeds 1 on a share of rows; ``efficiency_max`` is stored with the weights.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from servesim.errors import ServesimError
-from servesim.features import kernel_features
+from servesim.estimator.inputs import estimator_inputs
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
@@ -42,7 +48,12 @@ class MlpWeights:
     input_scale: np.ndarray
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
     efficiency_max: float
+    latency_floor_us: float  # added to the theoretical time to make the base time
     metadata: dict[str, str]  # how the weights were made: seed, GPUs, rows, training seconds
+
+    def base_time_us(self, theoretical_us: np.ndarray) -> np.ndarray:
+        """What the predicted efficiency divides: theoretical time plus the category's latency floor."""
+        return theoretical_us + self.latency_floor_us
 
 
 def transform_inputs(features: np.ndarray) -> np.ndarray:
@@ -68,6 +79,7 @@ def save_weights(weights: MlpWeights, path: Path) -> None:
         "input_mean": weights.input_mean,
         "input_scale": weights.input_scale,
         "efficiency_max": np.array(weights.efficiency_max),
+        "latency_floor_us": np.array(weights.latency_floor_us),
         "metadata_keys": np.array(list(weights.metadata), dtype=str),
         "metadata_values": np.array(list(weights.metadata.values()), dtype=str),
     }
@@ -87,6 +99,7 @@ def load_weights(path: Path) -> MlpWeights:
             input_scale=f["input_scale"],
             layers=tuple((f[f"w{i}"], f[f"b{i}"]) for i in range(count)),
             efficiency_max=float(f["efficiency_max"]),
+            latency_floor_us=float(f["latency_floor_us"]),
             metadata=dict(zip((str(k) for k in f["metadata_keys"]), (str(v) for v in f["metadata_values"]))),
         )
 
@@ -98,14 +111,14 @@ def shipped_weights() -> dict[str, MlpWeights]:
 
 
 def predict_category_us(weights: MlpWeights, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
-    """Times of kernels of ``weights.category`` on ``gpu``: theoretical time over predicted efficiency."""
-    matrix = kernel_features(kernels, gpu)
+    """Times of kernels of ``weights.category`` on ``gpu``: base time over predicted efficiency."""
+    matrix = estimator_inputs(kernels, gpu)
     if matrix.names != weights.feature_names:
         raise ServesimError(
             f"the {weights.category} estimator weights were trained on other features than servesim computes "
             "now; retrain them with `servesim train`"
         )
-    return matrix.column("theoretical_time_us") / forward_efficiency(weights, matrix.values)
+    return weights.base_time_us(matrix.column("theoretical_time_us")) / forward_efficiency(weights, matrix.values)
 
 
 class MlpEstimator:
@@ -125,13 +138,16 @@ class MlpEstimator:
         return f"mlp (per-category MLP on SynPerf features for {learned}; roofline for other categories)"
 
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
-        out = np.empty(len(kernels))
-        by_category: dict[str, list[int]] = {}
-        for i, kernel in enumerate(kernels):
-            by_category.setdefault(kernel.category, []).append(i)
-        for category, rows in by_category.items():
-            batch = [kernels[i] for i in rows]
+        """Each distinct kernel is predicted once (a step repeats its layers' kernels), batched per category."""
+        distinct: dict[Kernel, int] = {}
+        index = np.fromiter((distinct.setdefault(k, len(distinct)) for k in kernels), dtype=np.int64,
+                            count=len(kernels))
+        by_category: dict[str, list[Kernel]] = {}
+        for kernel in distinct:
+            by_category.setdefault(kernel.category, []).append(kernel)
+        times = np.empty(len(distinct))
+        for category, batch in by_category.items():
             weights = self._weights.get(category)
-            out[rows] = (self._fallback.predict_us(batch, gpu) if weights is None
-                         else predict_category_us(weights, batch, gpu))
-        return out
+            times[[distinct[k] for k in batch]] = (self._fallback.predict_us(batch, gpu) if weights is None
+                                                   else predict_category_us(weights, batch, gpu))
+        return times[index]

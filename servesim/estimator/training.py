@@ -2,8 +2,9 @@
 
 The network is three hidden layers (256, 128, 64) of Linear -> BatchNorm -> ReLU -> Dropout(0.1) and a scaled
 sigmoid output (see :mod:`servesim.estimator.mlp`). The loss is the MAPE of the predicted *time*:
-``|t_theoretical / e_pred - t_measured| / t_measured = |e_true / e_pred - 1|``. AdamW, mini-batches, early
-stopping on the validation split's MAPE; the best epoch's weights are kept. torch is imported only here.
+``|t_theoretical / e_pred - t_measured| / t_measured = |e_true / e_pred - 1|``. AdamW, mini-batches, the learning
+rate halved when the validation MAPE stalls, early stopping on it; the best epoch's weights are kept. torch is
+imported only here.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from servesim.estimator.mlp import MlpWeights, transform_inputs
 class TrainConfig:
     hidden: tuple[int, ...] = (256, 128, 64)
     dropout: float = 0.1
-    learning_rate: float = 1e-3
+    learning_rate: float = 2e-3
     weight_decay: float = 1e-4
     batch_size: int = 512
-    max_epochs: int = 60
-    patience_epochs: int = 6
-    efficiency_max: float = 8.0
+    max_epochs: int = 80
+    patience_epochs: int = 10  # early stopping: epochs without a better validation MAPE
+    lr_patience_epochs: int = 3  # the learning rate halves after this many epochs without improvement
+    efficiency_max: float | None = None  # None: from the training targets (see efficiency_ceiling)
     seed: int = 0
-    threads: int = 2
+    threads: int = 1  # the network is small: more threads only contend on a shared CPU
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +39,19 @@ class TrainResult:
     epochs: int
     best_val_mape: float
     seconds: float
+
+
+def efficiency_ceiling(efficiency: np.ndarray) -> float:
+    """The output range of a category's network: the smallest power of two at or above the 99.9th percentile of
+    its training efficiencies, at least 1. Rows above it (the rarest pessimistic theoretical times) are predicted
+    at the ceiling; a tighter range keeps the sigmoid's working region where the data is."""
+    return float(2.0 ** max(0.0, np.ceil(np.log2(np.quantile(efficiency, 0.999)))))
+
+
+def category_latency_floor_us(measured_us: np.ndarray, gpu: np.ndarray) -> float:
+    """A category's latency floor: the median over GPUs of each GPU's 1st percentile of measured times, i.e.
+    what the category's smallest kernels take on a typical GPU."""
+    return float(np.median([np.quantile(measured_us[gpu == g], 0.01) for g in np.unique(gpu)]))
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
@@ -57,7 +72,8 @@ def _network(inputs: int, config: TrainConfig):
 
 
 def export_weights(network, category: str, feature_names: tuple[str, ...], input_mean: np.ndarray,
-                   input_scale: np.ndarray, efficiency_max: float, metadata: dict[str, str]) -> MlpWeights:
+                   input_scale: np.ndarray, efficiency_max: float, latency_floor_us: float,
+                   metadata: dict[str, str]) -> MlpWeights:
     """numpy weights of a trained torch network with each batch norm folded into the linear layer before it."""
     from torch import nn
 
@@ -75,7 +91,8 @@ def export_weights(network, category: str, feature_names: tuple[str, ...], input
             w = w * scale
             b = (b - following.running_mean.double().numpy()) * scale + following.bias.detach().double().numpy()
         layers.append((w.astype(np.float32), b.astype(np.float32)))
-    return MlpWeights(category, feature_names, input_mean, input_scale, tuple(layers), efficiency_max, metadata)
+    return MlpWeights(category, feature_names, input_mean, input_scale, tuple(layers), efficiency_max,
+                      latency_floor_us, metadata)
 
 
 def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
@@ -91,15 +108,20 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
     scale = inputs[train].std(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
     x = torch.from_numpy(((inputs - mean) / scale).astype(np.float32))
-    target = torch.from_numpy(samples.efficiency.astype(np.float32))
+    floor_us = category_latency_floor_us(samples.measured_us[train], samples.gpu[train])
+    efficiency_target = (samples.theoretical_us + floor_us) / samples.measured_us
+    target = torch.from_numpy(efficiency_target.astype(np.float32))
     train_rows = torch.from_numpy(np.flatnonzero(train))
     val_rows = torch.from_numpy(np.flatnonzero(val))
+    efficiency_max = config.efficiency_max or efficiency_ceiling(efficiency_target[train])
     network = _network(x.shape[1], config)
     optimiser = torch.optim.AdamW(network.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimiser, factor=0.5,
+                                                           patience=config.lr_patience_epochs)
     generator = torch.Generator().manual_seed(config.seed)
 
     def efficiency(rows: torch.Tensor) -> torch.Tensor:
-        return config.efficiency_max * torch.sigmoid(network(x[rows])[:, 0])
+        return efficiency_max * torch.sigmoid(network(x[rows])[:, 0])
 
     best = (float("inf"), 0, None)
     epoch = 0
@@ -116,6 +138,7 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
         network.eval()
         with torch.no_grad():
             val_mape = float(torch.mean(torch.abs(target[val_rows] / efficiency(val_rows) - 1.0))) * 100.0
+        scheduler.step(val_mape)
         if val_mape < best[0]:
             best = (val_mape, epoch, {k: v.clone() for k, v in network.state_dict().items()})
         elif epoch - best[1] >= config.patience_epochs:
@@ -129,8 +152,8 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
         "gpus": ",".join(gpus), "epochs": str(epoch), "best_epoch": str(best[1]),
         "best_val_mape_pct": f"{best[0]:.2f}", "train_seconds": f"{seconds:.1f}", "torch": torch.__version__,
     }
-    weights = export_weights(network, samples.category, samples.features.names, mean, scale,
-                             config.efficiency_max, metadata)
+    weights = export_weights(network, samples.category, samples.features.names, mean, scale, efficiency_max,
+                             floor_us, metadata)
     return TrainResult(weights=weights, epochs=epoch, best_val_mape=best[0], seconds=seconds)
 
 
@@ -138,7 +161,7 @@ def predict_samples_us(weights: MlpWeights, samples: KernelSamples) -> np.ndarra
     """The MLP's times for measured samples, from their already computed features."""
     from servesim.estimator.mlp import forward_efficiency
 
-    return samples.theoretical_us / forward_efficiency(weights, samples.features.values)
+    return weights.base_time_us(samples.theoretical_us) / forward_efficiency(weights, samples.features.values)
 
 
 def roofline_samples_us(samples: KernelSamples) -> np.ndarray:
@@ -154,8 +177,10 @@ def roofline_samples_us(samples: KernelSamples) -> np.ndarray:
 
 
 def mape_by_gpu(samples: KernelSamples, predictions_us: dict[str, np.ndarray]) -> list[dict[str, object]]:
-    """One row per GPU (and one for all rows): sample count and each predictor's MAPE in percent."""
-    groups = [(str(g), samples.gpu == g) for g in np.unique(samples.gpu)] + [("all", np.ones(len(samples), bool))]
+    """One row per report group (the GPU, or "<GPU> (local)" for our own collections) and one for all rows: the
+    sample count and each predictor's MAPE in percent."""
+    groups = [(str(g), samples.group == g) for g in np.unique(samples.group)]
+    groups.append(("all", np.ones(len(samples), bool)))
     return [
         {"gpu": name, "rows": int(mask.sum()),
          **{p: mape(pred[mask], samples.measured_us[mask]) for p, pred in predictions_us.items()}}

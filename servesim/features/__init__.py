@@ -125,7 +125,9 @@ def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: 
 
 @lru_cache(maxsize=65536)
 def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> tuple[float, ...]:
-    launches = decompose(kernel, gpu)
+    # The features are memoised here, so the launches (task arrays of up to millions of rows) are not kept in
+    # decompose's own cache: thousands of distinct attention kernels would hold gigabytes.
+    launches = decompose.__wrapped__(kernel, gpu)
     per_launch = [launch_features(launch, schedule(launch, gpu), gpu) for launch in launches]
     feats = combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "")
     return tuple(feats[n] for n in FEATURE_NAMES)

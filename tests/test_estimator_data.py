@@ -1,0 +1,245 @@
+"""Measured rows become the kernel objects the step model builds for the same work, with finite features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from servesim.cli import main
+from servesim.errors import ServesimError
+from servesim.estimator.datasets import (
+    SOURCES,
+    DataOptions,
+    load_samples,
+    prepare_frame,
+    samples_from_frame,
+)
+from servesim.estimator.roofline import RooflineEstimator
+from servesim.features import kernel_features
+from servesim.hardware import get_gpu
+from servesim.kernels.types import AttentionDecode, AttentionPrefill, Quantize
+
+VIDUR = Path("/work/shared/data/vidur")
+needs_vidur = pytest.mark.skipif(not VIDUR.is_dir(), reason="Vidur's data is not in ../shared")
+
+_IDS = {"backend_version": "x", "latency_us": 100.0, "source": "test"}
+
+
+def _context_rows(rows: list[tuple]) -> pd.DataFrame:
+    columns = ("gpu", "system", "backend", "kernel_source", "window_size")
+    frame = pd.DataFrame([dict(zip(columns, r)) for r in rows]).assign(
+        batch=2, seq_len=1024, prefix_len=0, num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16",
+        kv_dtype="bf16", **_IDS)
+    return frame
+
+
+def test_attention_rows_take_the_engines_backend_page_size_and_layout():
+    frame = _context_rows([
+        ("H100-SXM", "h100_sxm", "vllm", "vllm_flash_attn_fa3", 0),
+        ("B200", "b200_sxm", "sglang", "trtllm_mha", 0),
+        ("L40S", "local", "torch", "flashinfer", 0),
+        ("B200", "b200_sxm", "vllm", "vllm_flashinfer_trtllmprefill", 0),
+        ("A100-SXM-80GB", "a100_sxm", "vllm", "vllm_flash_attn", 0),
+        ("H100-SXM", "h100_sxm", "sglang", "triton", 0),
+        ("H100-SXM", "h100_sxm", "vllm", "vllm_flash_attn_fa3", 128),
+        ("B200", "b200_sxm", "vllm", "vllm_flashinfer_trtllmdecode", 0),
+    ])
+    prepared = prepare_frame("attn_prefill", frame)
+    assert list(prepared.frame["attention_backend"]) == ["fa3", "trtllm_mha", "flashinfer", "flashinfer", "fa2"]
+    assert list(prepared.frame["page_size"]) == [16, 64, 16, 16, 16]
+    assert list(prepared.frame["kv_layout"]) == ["paged", "paged", "ragged", "paged", "paged"]
+    assert sum(prepared.dropped.values()) == 3
+    samples = samples_from_frame("attn_prefill", prepared.frame)
+    first = samples.kernels[0]
+    assert isinstance(first, AttentionPrefill) and first.query_lens == (1024, 1024) and first.backend == "fa3"
+    assert np.isfinite(samples.features.values).all() and (samples.theoretical_us > 0).all()
+    # Our own collections are reported as their own rows.
+    assert list(samples.group) == ["H100-SXM", "B200", "L40S (local)", "B200", "A100-SXM-80GB"]
+
+
+def test_an_unknown_attention_kernel_source_is_an_error_not_a_silent_drop():
+    frame = _context_rows([("H100-SXM", "local", "vllm", "my_new_kernel", 0)])
+    with pytest.raises(ServesimError, match="my_new_kernel"):
+        prepare_frame("attn_prefill", frame)
+
+
+def test_measured_decode_rows_featurize_with_sane_efficiency():
+    samples = load_samples("attn_decode", max_rows=300, seed=1)
+    assert all(isinstance(k, AttentionDecode) for k in samples.kernels)
+    assert np.isfinite(samples.features.values).all()
+    assert len(set(samples.gpu)) >= 8
+    # theoretical / measured stays within a few x of 1 once backends and page sizes are mapped right
+    assert np.quantile(samples.efficiency, 0.99) < 8 and np.median(samples.efficiency) > 0.01
+
+
+@pytest.mark.parametrize("gpu, backend", [
+    ("A100-SXM-80GB", "fa2"), ("A100-SXM-80GB", "flashinfer"), ("L40S", "fa2"), ("L40S", "flashinfer"),
+    ("RTX-PRO-6000", "fa2"), ("RTX-PRO-6000", "flashinfer"), ("H100-SXM", "fa3"), ("B200", "flashinfer"),
+    ("B200", "trtllm_mha"),
+])
+def test_attention_of_every_backend_and_head_layout_decomposes(gpu, backend):
+    """Head sizes 64-256, GQA groups 1-96 and FP8 KV on the GPUs each backend runs on: the measured tables and
+    the engines' models hold all of them."""
+    spec = get_gpu(gpu)
+    kernels = [
+        cls(**lens, num_heads=heads, num_kv_heads=kv_heads, head_dim=d, backend=backend, kv_dtype=kv)
+        for cls, lens in ((AttentionPrefill, {"query_lens": (300, 40), "kv_lens": (300, 40)}),
+                          (AttentionDecode, {"kv_lens": (4096, 17)}))
+        for heads, kv_heads in ((8, 8), (32, 4), (96, 1))
+        for d in (64, 128, 256)
+        for kv in ("bf16", "fp8")
+    ]
+    for category in ("attn_prefill", "attn_decode"):
+        batch = [k for k in kernels if k.category == category]
+        assert np.isfinite(kernel_features(batch, spec).values).all()
+
+
+def test_trtllm_mha_is_decomposed_as_flashinfer():
+    common = dict(kv_lens=(2048,) * 8, num_heads=32, num_kv_heads=8, head_dim=128, page_size=64)
+    b200 = get_gpu("B200")
+    trtllm = kernel_features([AttentionDecode(backend="trtllm_mha", **common)], b200).values
+    flashinfer = kernel_features([AttentionDecode(backend="flashinfer", **common)], b200).values
+    np.testing.assert_array_equal(trtllm, flashinfer)
+
+
+def _fp8_rows() -> pd.DataFrame:
+    rows = [("H100-SXM", "vllm", "CutlassFP8ScaledMMLinearKernel", "tensor", 40.0),
+            ("H100-SXM", "vllm", "DeepGemmFp8BlockScaledMMKernel", "block", 90.0),
+            ("H100-SXM", "sglang", "sglang_deepgemm_gemm_nt_f8f8bf16", "block", 1.0)]
+    frame = pd.DataFrame(rows, columns=["gpu", "backend", "kernel_source", "scaling", "latency_us"])
+    return frame.assign(system="h100_sxm", backend_version="x", m=512, n=4096, k=4096, dtype="fp8", source="t")
+
+
+def test_scaled_mm_target_is_the_linear_time_less_the_quantize_kernel():
+    prepared = prepare_frame("scaled_mm", _fp8_rows())
+    assert list(prepared.frame["kernel_source"]) == ["CutlassFP8ScaledMMLinearKernel"]
+    quant_us = RooflineEstimator().predict_us([Quantize(rows=512, cols=4096)], get_gpu("H100-SXM"))[0]
+    assert prepared.frame["latency_us"].iloc[0] == pytest.approx(40.0 - quant_us)
+    assert len(prepared.dropped) == 2  # the host-bound vLLM block path, and a row faster than its quantisation
+
+
+def test_moe_rows_become_the_local_experts_share_of_balanced_routing():
+    base = dict(gpu="H100-SXM", system="h100_sxm", backend="sglang", backend_version="x", num_tokens=32,
+                hidden=2048, intermediate=1536, num_experts=64, topk=8, moe_tp=2, moe_ep=4, dtype="bf16",
+                scaling="none", latency_us=50.0, source="t")
+    frame = pd.DataFrame([
+        {**base, "kernel_source": "sglang_fused_moe_triton", "distribution": "balanced"},
+        {**base, "kernel_source": "sglang_fused_moe_triton", "distribution": "power_law_1.2"},
+        {**base, "kernel_source": "sglang_flashinfer_cutlass_moe", "distribution": "balanced"},
+    ])
+    prepared = prepare_frame("moe", frame)
+    (kernel,) = SOURCES["moe"].to_kernels(prepared.frame)
+    assert (kernel.num_experts, kernel.intermediate, kernel.tokens) == (16, 768, 32)
+    assert kernel.routed_pairs() == 32 * 8 // 4  # a quarter of the experts gets a quarter of the pairs
+    assert sum(prepared.dropped.values()) == 2
+
+
+@needs_vidur
+def test_elementwise_categories_read_vidur_and_check_collection_columns():
+    options = DataOptions(vidur_root=VIDUR)
+    for category in ("rmsnorm", "silu_mul", "rope"):
+        samples = load_samples(category, max_rows=200, seed=0, options=options)
+        assert set(samples.gpu) == {"A100-SXM-80GB", "H100-SXM"}
+        assert np.isfinite(samples.features.values).all() and (samples.efficiency > 0).all()
+    local = pd.DataFrame({"gpu": ["H100-SXM"], "system": ["local"], "backend": ["vllm"], "kernel_source": ["k"],
+                          "num_tokens": [64], "hidden": [4096], "dtype": ["bf16"], "latency_us": [5.0]})
+    assert len(prepare_frame("rmsnorm", local).frame) == 1
+    with pytest.raises(ServesimError, match="num_heads"):
+        prepare_frame("rope", local)
+
+
+def test_a_missing_vidur_folder_is_a_one_line_error(tmp_path):
+    result = CliRunner().invoke(main, ["eval", "efficiency", "--category", "rope", "--vidur-root",
+                                       str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: Vidur data folder") and result.output.count("\n") == 1
+
+
+@needs_vidur
+def test_train_and_efficiency_commands_on_a_small_category(tmp_path):
+    pytest.importorskip("torch")
+    runner = CliRunner()
+    out = tmp_path / "rope.npz"
+    result = runner.invoke(main, ["train", "--category", "rope", "--max-rows", "400", "--vidur-root", str(VIDUR),
+                                  "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.exists() and "training rows" in result.output and " s in all" in result.output
+    result = runner.invoke(main, ["eval", "efficiency", "--category", "rope", "--max-rows", "400", "--vidur-root",
+                                  str(VIDUR), "--csv"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(pd.io.common.StringIO(result.output))
+    assert set(table["group"]) == {"A100-SXM-80GB", "H100-SXM"} and (table["p50"] > 0).all()
+
+
+@needs_vidur
+def test_eval_kernels_scores_five_predictors_on_seen_and_left_out_gpus():
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(main, ["eval", "kernels", "--category", "rope", "--max-rows", "1500", "--vidur-root",
+                                       str(VIDUR), "--holdout", "H100", "--csv"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(pd.io.common.StringIO(result.output))
+    assert list(table.columns[-5:]) == ["roofline", "linear", "neusight", "habitat", "mlp"]
+    assert set(zip(table["set"], table["gpu"])) == {
+        ("seen GPU, held-out shapes", "A100-SXM-80GB"), ("seen GPU, held-out shapes", "H100-SXM"),
+        ("seen GPU, held-out shapes", "all"), ("unseen GPU", "H100-SXM")}
+    assert (table[["roofline", "linear", "neusight", "habitat", "mlp"]] > 0).all().all()
+
+
+def _local_collection(directory: Path) -> Path:
+    """A collection written through the collector's own writers: a scaled MM, a prefill and an RMSNorm row."""
+    from servesim.data.collect import CATEGORIES
+    from servesim.data.collect.run import Device, open_manifest
+    from servesim.data.collect.schema import make_shape
+    from servesim.data.collect.store import append_rows, source_name, write_manifest
+
+    device = Device("cuda", "NVIDIA H100 80GB HBM3", get_gpu("H100-SXM"), "device name", "9.0", "2.13.0", "12.8")
+    directory.mkdir(parents=True)
+    write_manifest(directory, open_manifest(directory, device, record_launches=False))
+    rows = {
+        "scaled_mm": (make_shape("scaled_mm", m=16, n=4096, k=4096), "torch_scaled_mm", 8.25),
+        "context_attention": (make_shape("context_attention", batch=1, seq_len=1024, prefix_len=0, num_heads=32,
+                                         num_kv_heads=8, head_dim=128, window_size=0), "sdpa_flash", 40.0),
+        "rmsnorm": (make_shape("rmsnorm", num_tokens=64, hidden=4096), "torch_rmsnorm_inductor", 4.5),
+    }
+    for category, (shape, kernel_source, latency_us) in rows.items():
+        schema = CATEGORIES[category]
+        row = {"gpu": device.label, "system": "local", "backend": "torch", "backend_version": "2.13.0",
+               "kernel_source": kernel_source, **shape.as_dict(), "latency_us": latency_us,
+               "source": source_name(directory), "latency_p10_us": latency_us, "latency_p90_us": latency_us,
+               "repetitions": 10}
+        append_rows(directory / schema.file, schema.file_columns, [row])
+    return directory
+
+
+def test_our_own_collections_map_through_the_collectors_implementations(tmp_path):
+    from servesim.data.collect import load_collection
+
+    directory = _local_collection(tmp_path / "h100")
+    mm = prepare_frame("scaled_mm", load_collection(directory, "scaled_mm")).frame
+    assert list(mm["latency_us"]) == [8.25]  # the collector times the scaled MM alone: nothing subtracted
+    prefill = prepare_frame("attn_prefill", load_collection(directory, "context_attention").assign(system="local"))
+    row = prefill.frame.iloc[0]
+    assert (row["attention_backend"], row["kv_layout"]) == ("fa2", "ragged")
+    samples = samples_from_frame("attn_prefill", prefill.frame)
+    assert list(samples.group) == ["H100-SXM (local)"] and np.isfinite(samples.features.values).all()
+
+
+@needs_vidur
+def test_extra_data_adds_local_rows_to_a_category(tmp_path):
+    from servesim.estimator.datasets import read_rows
+
+    options = DataOptions(vidur_root=VIDUR, extra_data=_local_collection(tmp_path / "h100"))
+    frame = read_rows("rmsnorm", options)
+    local = frame[frame["system"] == "local"]
+    assert len(local) == 1 and local["kernel_source"].iloc[0] == "torch_rmsnorm_inductor"
+    assert len(frame) > 1000  # Vidur's rows stay
+
+
+def test_the_category_help_names_every_category_with_data():
+    help_text = " ".join(CliRunner().invoke(main, ["train", "--help"]).output.split())
+    for category in SOURCES:
+        assert category in help_text

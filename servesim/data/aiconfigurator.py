@@ -58,7 +58,7 @@ _PRECISIONS: Mapping[str, tuple[str, str]] = MappingProxyType(
 )
 _KNOWN_DTYPES = frozenset(dtype for dtype, _ in _PRECISIONS.values())
 
-_ID_COLUMNS = ["gpu", "system", "backend", "backend_version", "kernel_source"]
+ID_COLUMNS = ("gpu", "system", "backend", "backend_version", "kernel_source")
 _MS_TO_US = 1000.0
 
 _INSTALL_HINT = "install servesim[train] (pip install 'servesim[train]') to read aiconfigurator-core's measured data"
@@ -158,9 +158,9 @@ def _short_dtype(column: pd.Series) -> pd.Series:
     return column.map(lambda raw: _PRECISIONS[raw][0])
 
 
-def _tidy(frame: pd.DataFrame, shape_columns: list[str]) -> pd.DataFrame:
+def tidy(frame: pd.DataFrame, shape_columns: list[str]) -> pd.DataFrame:
     """Order columns as ids, shape, latency, source, and store the repeated strings as categories."""
-    ordered = frame[[*_ID_COLUMNS, *shape_columns, "latency_us", "source"]]
+    ordered = frame[[*ID_COLUMNS, *shape_columns, "latency_us", "source"]]
     strings = [c for c in ordered.columns if pd.api.types.is_string_dtype(ordered[c])]
     return ordered.astype(dict.fromkeys(strings, "category"))
 
@@ -177,7 +177,7 @@ def load_gemm(
     FP8 rows time the activation quantisation plus the GEMM, as the engine runs them.
     """
     frame = _split_precision(_load("gemm", "gemm_perf", backends, systems), "gemm_dtype", dtypes)
-    return _tidy(frame, ["m", "n", "k", "dtype", "scaling"])
+    return tidy(frame, ["m", "n", "k", "dtype", "scaling"])
 
 
 _ATTENTION_RENAMES = {"batch_size": "batch", "num_key_value_heads": "num_kv_heads"}
@@ -206,7 +206,7 @@ def load_context_attention(
     frame = _load_attention("context_attention_perf", backends, systems)
     frame = frame.rename(columns={"isl": "seq_len", "step": "prefix_len"})
     shape = ["batch", "seq_len", "prefix_len", "num_heads", "num_kv_heads", "head_dim", "window_size"]
-    return _tidy(frame, [*shape, "dtype", "kv_dtype"])
+    return tidy(frame, [*shape, "dtype", "kv_dtype"])
 
 
 def load_generation_attention(
@@ -221,7 +221,7 @@ def load_generation_attention(
     frame = _load_attention("generation_attention_perf", backends, systems)
     frame["kv_len"] = frame.pop("isl") + frame.pop("step")
     shape = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "window_size"]
-    return _tidy(frame, [*shape, "dtype", "kv_dtype"])
+    return tidy(frame, [*shape, "dtype", "kv_dtype"])
 
 
 def load_moe(
@@ -245,7 +245,7 @@ def load_moe(
     frame = _load("moe", "moe_perf", backends, systems).rename(columns=renames)
     frame = _split_precision(frame, "moe_dtype", dtypes)
     shape = ["num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "distribution"]
-    return _tidy(frame, [*shape, "dtype", "scaling"])
+    return tidy(frame, [*shape, "dtype", "scaling"])
 
 
 _SILICON_RENAMES = {

@@ -336,7 +336,7 @@ def _prepare_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
 def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
     """One GPU of ``moe_tp`` x ``moe_ep``: every expert's intermediate width over ``moe_tp``, the first
     ``num_experts / moe_ep`` experts local, receiving their share of the evenly routed (token, choice) pairs."""
-    from servesim.kernels.expand import _balanced_routing
+    from servesim.kernels.expand import balanced_routing
 
     columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype", "scaling")
     kernels: list[Kernel] = []
@@ -344,7 +344,7 @@ def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
         local = int(e) // int(ep)
         kernels.append(FusedMoE(
             tokens=int(t), num_experts=local, top_k=int(topk), hidden=int(h), intermediate=int(inter) // int(tp),
-            expert_tokens=_balanced_routing(int(t) * int(topk), int(e))[:local], dtype=str(dtype),
+            expert_tokens=balanced_routing(int(t) * int(topk), int(e))[:local], dtype=str(dtype),
             scale="" if scaling == "none" else str(scaling),
         ))
     return kernels

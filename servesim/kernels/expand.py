@@ -238,7 +238,7 @@ def _attention(ctx: _Ctx) -> list[Kernel]:
     return [AttentionPrefill(query_lens=batch.query_lens, kv_lens=batch.kv_lens, name="attn", **common)]
 
 
-def _balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
+def balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
     """(token, choice) pairs per expert under perfectly balanced routing."""
     base, extra = divmod(pairs, experts)
     return tuple(base + (1 if e < extra else 0) for e in range(experts))
@@ -268,7 +268,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             top_k=top_k,
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // ctx.tp,
-            expert_tokens=_balanced_routing(t * top_k, experts),
+            expert_tokens=balanced_routing(t * top_k, experts),
             dtype="fp8" if fp8 else ctx.act,
             scale=("block" if ctx.weights == "fp8-block" else "tensor") if fp8 else "",
             name="experts",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servesim.data.aiconfigurator import _ID_COLUMNS
+from servesim.data.aiconfigurator import ID_COLUMNS
 from servesim.errors import ServesimError, suggest
 from servesim.kernels.types import (
     AttentionDecode,
@@ -33,7 +33,6 @@ BACKEND = "torch"
 #: The ``gpu`` column of a ``--device cpu`` collection: never a catalogue GPU name.
 CPU_LABEL = "cpu"
 
-ID_COLUMNS: tuple[str, ...] = tuple(_ID_COLUMNS)
 #: Columns after ``source`` in the files (not returned by ``load_collection``): the repetitions' spread.
 SPREAD_COLUMNS: tuple[str, ...] = ("latency_p10_us", "latency_p90_us", "repetitions")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servesim.data.aiconfigurator import _tidy
+from servesim.data.aiconfigurator import tidy
 from servesim.data.collect.schema import (
     CPU_LABEL,
     FORMAT_VERSION,
@@ -141,5 +141,5 @@ def load_collection(directory: Path, category: str, allow_cpu: bool = False) -> 
         frame[column] = numeric_column(raw, column, path, integer=True)
     frame["latency_us"] = numeric_column(raw, "latency_us", path, integer=False)
     frame = frame[frame["dtype"] == schema.row_dtype].reset_index(drop=True)
-    return _tidy(frame, [*schema.shape_columns, *schema.label_columns])
+    return tidy(frame, [*schema.shape_columns, *schema.label_columns])
 

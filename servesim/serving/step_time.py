@@ -8,7 +8,6 @@ pays for each distinct kernel once; whole steps are memoised by batch.
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,14 +84,11 @@ class StepTimeModel:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype)
 
     def kernel_times_us(self, kernels: list[Kernel]) -> np.ndarray:
-        """Times of ``kernels`` (µs), predicting each distinct kernel once, batched by category."""
-        missing: dict[str, list[Kernel]] = defaultdict(list)
-        for kernel in dict.fromkeys(kernels):
-            if kernel not in self._kernel_us:
-                missing[kernel.category].append(kernel)
-        for group in missing.values():
-            for kernel, time_us in zip(group, self.estimator.predict_us(group, self.gpu)):
-                self._kernel_us[kernel] = float(time_us)
+        """Times of ``kernels`` (µs), predicting each kernel not seen before in one batched estimator call (the
+        estimator groups by category itself)."""
+        missing = [kernel for kernel in dict.fromkeys(kernels) if kernel not in self._kernel_us]
+        if missing:
+            self._kernel_us.update(zip(missing, self.estimator.predict_us(missing, self.gpu).tolist()))
         return np.array([self._kernel_us[k] for k in kernels])
 
     def collective_time_us(self, collective: Collective, in_graph: bool) -> float:

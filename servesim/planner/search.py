@@ -22,7 +22,7 @@ from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism
 from servesim.planner.estimate import GpuEstimate, estimate_gpu
-from servesim.planner.slo import METRIC_LABELS, Slo, measure, meets, ms, worst
+from servesim.planner.slo import METRIC_LABELS, Slo, measure, meets, ms, ratios, worst
 from servesim.serving.config import EngineConfig
 from servesim.serving.metrics import SimulationResult
 from servesim.serving.simulator import simulate
@@ -283,7 +283,7 @@ def search_capacity(task: OptionTask) -> OptionResult:
 
 def _ratio(probe: Probe, slos: tuple[Slo, ...]) -> float:
     """The worst SLO percentile relative to its limit (above 1: violated)."""
-    return max(value / slo.limit_ms for value, slo in zip(probe.slo_values_ms, slos))
+    return max(ratios(probe.slo_values_ms, slos))
 
 
 def _sorted(probes: dict[float, Probe]) -> tuple[Probe, ...]:

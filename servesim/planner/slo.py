@@ -71,9 +71,15 @@ def meets(values_ms: Sequence[float], slos: Sequence[Slo]) -> bool:
     return all(value <= slo.limit_ms for value, slo in zip(values_ms, slos))
 
 
+def ratios(values_ms: Sequence[float], slos: Sequence[Slo]) -> list[float]:
+    """Each SLO's percentile relative to its limit (above 1: violated)."""
+    return [value / slo.limit_ms for value, slo in zip(values_ms, slos)]
+
+
 def worst(values_ms: Sequence[float], slos: Sequence[Slo]) -> Slo:
     """The SLO furthest over (or nearest to) its limit, relative to the limit."""
-    return max(zip(values_ms, slos), key=lambda pair: pair[0] / pair[1].limit_ms)[1]
+    relative = ratios(values_ms, slos)
+    return slos[relative.index(max(relative))]
 
 
 def ms(value_ms: float) -> str:

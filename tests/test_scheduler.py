@@ -48,6 +48,24 @@ def test_min_heap_covers_every_task_once_within_lpt_bound(durations, ctas):
     assert loads.max() <= d.sum() / ctas + d.max() + 1e-9  # list scheduling bound
 
 
+def _least_loaded_one_task_at_a_time(durations: np.ndarray, ctas: int) -> list[int]:
+    """The definition of MinHeap: longest first, each task to the least-loaded CTA, lowest index on ties."""
+    loads = [0.0] * ctas
+    cta = [0] * len(durations)
+    for j in np.argsort(-durations, kind="stable"):
+        c = min(range(ctas), key=lambda k: (loads[k], k))
+        cta[j] = c
+        loads[c] += float(durations[j])
+    return cta
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1e-3, 0.5, 3.25, 7.0, 1e20]), max_size=200), st.integers(1, 40))
+def test_min_heap_assigns_runs_of_equal_tasks_exactly_as_one_at_a_time(durations, ctas):
+    d = np.array(durations)
+    assert min_heap(d, ctas).tolist() == _least_loaded_one_task_at_a_time(d, ctas)
+
+
 def test_partitions_cover_every_task_exactly_once():
     kernels = [Gemm(m=1000, n=3000, k=1000),
                AttentionPrefill(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8,

@@ -56,10 +56,42 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
-    """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index)."""
+    """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index).
+
+    Tasks come in runs of equal duration (every head and tile of one request alike). Within a run, the least-loaded
+    CTAs (all of them equally loaded, lowest index first) each take one task before any of them can be least loaded
+    again, so a run is assigned a level of loads at a time with the same additions a heap would make; the result
+    is the heap's, task for task.
+    """
+    order = np.argsort(-duration_cycles, kind="stable")
+    durations = duration_cycles[order]
+    starts = np.flatnonzero(np.concatenate(([True], durations[1:] != durations[:-1])))
+    if len(starts) * 4 > len(durations):
+        return _min_heap_by_task(duration_cycles, order, grid_ctas)
+    loads = np.zeros(max(grid_ctas, 1))
+    cta_in_order = np.empty(len(durations), dtype=np.int64)
+    bounds = np.append(starts, len(durations))
+    for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        duration = float(durations[start])
+        while start < end:
+            level = loads.min()
+            if level + duration == level:  # adding the task leaves that CTA least loaded: the rest go there too
+                cta_in_order[start:end] = np.flatnonzero(loads == level)[0]
+                break
+            ctas = np.flatnonzero(loads == level)[:end - start]
+            cta_in_order[start:start + len(ctas)] = ctas
+            loads[ctas] += duration
+            start += len(ctas)
+    cta = np.empty_like(cta_in_order)
+    cta[order] = cta_in_order
+    return cta
+
+
+def _min_heap_by_task(duration_cycles: np.ndarray, order: np.ndarray, grid_ctas: int) -> np.ndarray:
+    """:func:`min_heap` one task at a time, for launches whose durations are mostly distinct."""
     cta = np.empty(len(duration_cycles), dtype=np.int64)
     heap = [(0.0, c) for c in range(max(grid_ctas, 1))]
-    for j in np.argsort(-duration_cycles, kind="stable"):
+    for j in order:
         load, c = heapq.heappop(heap)
         cta[j] = c
         heapq.heappush(heap, (load + float(duration_cycles[j]), c))

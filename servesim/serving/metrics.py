@@ -30,7 +30,7 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 @dataclass(frozen=True, eq=False)
 class StepRecord:
-    """Every engine step (micro-batch) that ran, column-wise, in the order they were scheduled."""
+    """Every engine step (micro-batch) that ran, column-wise: replica by replica, each in its launch order."""
 
     replica: np.ndarray
     start_s: np.ndarray

@@ -19,6 +19,9 @@ One step, as SGLang forms it (FCFS, page size 1):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
 
 from servesim.serving.config import EngineConfig
 from servesim.serving.state import RequestState, Step, make_step
@@ -72,6 +75,29 @@ class SglangScheduler:
     def _take(self, req: RequestState, new: int) -> None:
         self.free -= new
         req.kv_held += new
+
+    def steady_decode(self, batch_sizes: Sequence[int]) -> bool:
+        """Whether relaunching each in-flight decode micro-batch of ``batch_sizes`` requests unchanged is all this
+        scheduler does until a request arrives or finishes (servesim/serving/fast_forward.py): every running
+        request is in one of them, no prompt is part-way through, and no prefill batch can form because nothing
+        waits or the running limit is reached (with room left, the shrinking reservation could admit one)."""
+        return (self.chunked is None and len(self.running) == sum(batch_sizes)
+                and (not self.waiting or len(self.running) >= self.max_running))
+
+    def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
+        """Token slots that successive decode launches of requests at ``contexts`` take: one each, every launch."""
+        return np.array([len(contexts)])
+
+    def decode_launched(self) -> None:
+        """A decode micro-batch was launched without :meth:`schedule`: the new-token ratio decays as in
+        :meth:`_decode_step`."""
+        self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+
+    def commit_decodes(self, requests: Sequence[RequestState], launches: int) -> None:
+        """Set the slots of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`
+        (the pool's free count was kept by the caller)."""
+        for req in requests:
+            req.kv_held += launches
 
     def schedule(self) -> Step | None:
         step = None
@@ -135,7 +161,7 @@ class SglangScheduler:
             if self.free < len(reqs):
                 return None  # what is left waits for micro-batches still in the pipeline
         else:
-            self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+            self.decode_launched()
         for req in reqs:
             self._take(req, 1)
         return make_step(reqs, [1] * len(reqs))

@@ -16,6 +16,9 @@ One step, as V1 forms it (FCFS, no prefix-cache hits):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
 
 from servesim.serving.config import EngineConfig
 from servesim.serving.state import RequestState, Step, make_step
@@ -85,6 +88,40 @@ class VllmScheduler:
                 self.waiting.appendleft(victim)
                 return victim
         return None
+
+    def steady_decode(self, batch_sizes: Sequence[int]) -> bool:
+        """Whether relaunching each in-flight decode micro-batch of ``batch_sizes`` requests unchanged is all this
+        scheduler does until a request arrives or finishes (servesim/serving/fast_forward.py): every running
+        request is in one of them, and no waiting request can join. Admission stays impossible while nothing
+        finishes, because the free pool only shrinks."""
+        if len(self.running) != sum(batch_sizes):
+            return False
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return True
+        head = self.waiting[0]
+        new = head.seq_len - head.computed
+        for size in batch_sizes:
+            budget = self.token_budget - size
+            if budget > 0 and (new <= budget or self.chunked_prefill) and \
+                    self._blocks_to_add(head, min(new, budget)) <= self.free:
+                return False
+        return True
+
+    def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
+        """Blocks that successive decode launches of requests at ``contexts`` (tokens cached at the first launch)
+        take: launch ``k`` takes element ``k % block_size``. A request takes a block whenever its context is a
+        whole number of blocks, since it holds exactly the blocks its context needs."""
+        counts = np.bincount(contexts % self.block_size, minlength=self.block_size)
+        return counts[-np.arange(self.block_size) % self.block_size]
+
+    def decode_launched(self) -> None:
+        """A decode micro-batch was launched without :meth:`schedule` (no state besides the pool changes)."""
+
+    def commit_decodes(self, requests: Sequence[RequestState], launches: int) -> None:
+        """Set the blocks of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`
+        (the pool's free count was kept by the caller)."""
+        for req in requests:
+            req.kv_held = -(-(req.computed + 1) // self.block_size)
 
     def schedule(self) -> Step | None:
         budget = self.token_budget

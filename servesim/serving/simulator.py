@@ -7,12 +7,14 @@ in flight: a new one is formed as soon as fewer are in flight, from the requests
 request needs its previous token before its next step). A micro-batch first takes the host overhead (the CPU is
 shared by the micro-batches, one after the other), then passes the stages in turn, waiting for each stage to be
 free. With ``pp = 1`` a step therefore lasts ``StepTime.latency_us``, and with many micro-batches the pipeline
-issues one per bottleneck stage time.
+issues one per bottleneck stage time. Stretches where a replica only relaunches the same decode micro-batches are
+run in one go (servesim/serving/fast_forward.py), with the same results.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,35 +25,54 @@ from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism
 from servesim.serving.config import EngineConfig, engine_memory_plan
+from servesim.serving.fast_forward import fast_forward
 from servesim.serving.metrics import SimulationResult, StepRecord
 from servesim.serving.router import make_router
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import RequestState, Step, finish_step
-from servesim.serving.step_cache import step_time_us
+from servesim.serving.step_cache import decode_step_time_us, round_length, step_time_us
 from servesim.serving.step_time import StepTimeModel
+from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
 
-_ARRIVAL, _STEP_DONE = 0, 1
 SCHEDULERS = {"vllm": VllmScheduler, "sglang": SglangScheduler}
 
 
 class _Replica:
-    """One engine instance (a TP×PP group): its scheduler, its pipeline and the steps it ran."""
+    """One engine instance (a TP×PP group): its scheduler, its pipeline and the steps in flight."""
 
     def __init__(self, index: int, scheduler: VllmScheduler | SglangScheduler, step_model: StepTimeModel) -> None:
         self.index = index
         self.scheduler = scheduler
         self.step_model = step_model
         self.pp = step_model.par.pp
-        self.in_flight = 0
+        self.flights: list[tuple[float, Step]] = []  # (end time, step) of micro-batches in flight, in order
         self.cpu_free_s = 0.0
         self.stage_free_s = [0.0] * self.pp
+        self._decode_times: dict[tuple[int, int], tuple[float, tuple[float, ...]]] = {}
+
+    def decode_time_us(self, num_decodes: int, context_tokens: int) -> tuple[float, tuple[float, ...]]:
+        """:func:`decode_step_time_us`, memoised here by its representative batch."""
+        key = (num_decodes, round_length(context_tokens // num_decodes))
+        times = self._decode_times.get(key)
+        if times is None:
+            times = self._decode_times[key] = decode_step_time_us(self.step_model, num_decodes, context_tokens)
+        return times
+
+    def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
+        """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
+        free. Returns its start and end."""
+        start_s = max(now_s, self.cpu_free_s)
+        t_s = self.cpu_free_s = start_s + overhead_us * 1e-6
+        for stage, stage_us in enumerate(stages_us):
+            t_s = self.stage_free_s[stage] = max(t_s, self.stage_free_s[stage]) + stage_us * 1e-6
+        return start_s, t_s
 
     def launch(self, now_s: float, log: list[tuple]) -> list[tuple[float, Step]]:
         """Form and time micro-batches while the pipeline has room; returns (end time, step) of each."""
         launched = []
-        while self.in_flight < self.pp:
+        while len(self.flights) < self.pp:
             step = self.scheduler.schedule()
             if step is None:
                 break
@@ -59,17 +80,24 @@ class _Replica:
                 req.in_flight = True
                 if req.first_scheduled_s < 0:
                     req.first_scheduled_s = now_s
-            overhead_us, stages_us = step_time_us(self.step_model, step)
-            start_s = max(now_s, self.cpu_free_s)
-            t_s = self.cpu_free_s = start_s + overhead_us * 1e-6
-            for stage, stage_us in enumerate(stages_us):
-                t_s = self.stage_free_s[stage] = max(t_s, self.stage_free_s[stage]) + stage_us * 1e-6
-            self.in_flight += 1
-            launched.append((t_s, step))
+            if step.prefills:
+                overhead_us, stages_us = step_time_us(self.step_model, step)
+            else:
+                overhead_us, stages_us = self.decode_time_us(step.num_decodes, step.decode_context_tokens)
+            start_s, end_s = self.occupy(now_s, overhead_us, stages_us)
+            self.flights.append((end_s, step))
+            launched.append((end_s, step))
             prefill_tokens = sum(p.new_tokens for p in step.prefills)
-            log.append((self.index, start_s, t_s, len(step.requests), prefill_tokens + step.num_decodes,
+            log.append((self.index, start_s, end_s, len(step.requests), prefill_tokens + step.num_decodes,
                         prefill_tokens, step.num_decodes, self.scheduler.kv_used_tokens))
         return launched
+
+    def complete(self, step: Step) -> bool:
+        """Take ``step`` out of the pipeline; False when a fast-forward replaced it (a stale event)."""
+        if not self.flights or self.flights[0][1] is not step:
+            return False
+        del self.flights[0]
+        return True
 
 
 def _check_fits(scheduler: VllmScheduler | SglangScheduler, workload: Workload) -> None:
@@ -94,11 +122,15 @@ def simulate(
     replicas: int = 1,
     router: str = "round_robin",
     seed: int = 0,
+    fast_forward_decodes: bool = True,
+    stop_rules: Sequence[StopRule] = (),
 ) -> SimulationResult:
     """Serve ``workload`` with ``replicas`` copies of ``engine_cfg`` on ``par`` ``gpu`` s behind ``router``.
 
     Pass the same ``step_model`` to many calls (as a capacity search does): its memo of step times carries over.
-    ``seed`` drives the random router; everything else is deterministic.
+    ``seed`` drives the random router; everything else is deterministic. ``fast_forward_decodes=False`` takes
+    every engine step through the scheduler, which is slower and gives the same result. With ``stop_rules`` the
+    run raises :class:`servesim.serving.stop.StoppedEarly` as soon as one of them is known to break.
     """
     if engine_cfg.engine not in SCHEDULERS:
         raise ServesimError(f"no scheduler for engine {engine_cfg.engine!r}; use {', '.join(SCHEDULERS)}")
@@ -118,7 +150,12 @@ def simulate(
     fleet = [_Replica(i, SCHEDULERS[engine_cfg.engine](engine_cfg, plan.kv_tokens), step_model)
              for i in range(replicas)]
     _check_fits(fleet[0].scheduler, workload)
-    states, replica_of, log = _run(fleet, workload, make_router(router, seed))
+    try:
+        states, replica_of, log = _run(fleet, workload, make_router(router, seed), fast_forward_decodes,
+                                         ViolationCounter(stop_rules) if stop_rules else None)
+    except StoppedEarly as stop:
+        stop.peak_kv_occupancy = stop.peak_kv_tokens / fleet[0].scheduler.kv_capacity_tokens
+        raise
     info = {
         "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": engine_cfg.engine,
         "engine_version": engine_cfg.version, "max_num_batched_tokens": engine_cfg.max_num_batched_tokens,
@@ -129,51 +166,74 @@ def simulate(
     return _result(states, replica_of, log, fleet[0].scheduler.kv_capacity_tokens, info)
 
 
-def _run(fleet: Sequence[_Replica], workload: Workload, route) -> tuple[list[RequestState], list[int], list[tuple]]:
-    """The event loop. Returns every request's final state and replica (in workload order) and the step log."""
+def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_decodes: bool,
+         violations: ViolationCounter | None) -> tuple[list[RequestState], list[int], list[tuple]]:
+    """The event loop. Returns every request's final state and replica (in workload order) and the step log.
+
+    Arrivals and step completions wait in two heaps; at equal times arrivals come first, and events of one kind
+    in the order they were made. A completion whose step a fast-forward replaced is skipped.
+    """
     n = len(workload)
     prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
-    arrivals = workload.arrival_s.tolist()
+    arrivals_s = workload.arrival_s.tolist()
     states: list[RequestState | None] = [None] * n
     replica_of = [0] * n
-    events: list[tuple] = []
     closed = workload.arrival_mode == "closed"
     issued = min(workload.concurrency, n) if closed else n
-    for rid in range(issued):
-        events.append((arrivals[rid], _ARRIVAL, rid, rid))
+    arrivals = [(arrivals_s[rid], rid, rid) for rid in range(issued)]
+    heapq.heapify(arrivals)
+    completions: list[tuple[float, int, _Replica, Step]] = []
     seq = issued  # tie-breaker: events of one time and kind in the order they were made
-    heapq.heapify(events)
     log: list[tuple] = []
 
-    def push_steps(replica: _Replica, now_s: float) -> None:
+    def horizon_s(replica: _Replica) -> float:
+        """When something outside ``replica`` happens next."""
+        others = [event[0] for event in completions if event[2] is not replica]
+        return min(arrivals[0][0] if arrivals else math.inf, min(others, default=math.inf))
+
+    def push(replica: _Replica, launched: list[tuple[float, Step]]) -> None:
         nonlocal seq
-        for end_s, step in replica.launch(now_s, log):
-            heapq.heappush(events, (end_s, _STEP_DONE, seq, (replica, step)))
+        for end_s, step in launched:
+            heapq.heappush(completions, (end_s, seq, replica, step))
             seq += 1
 
     ready: list[_Replica] = []  # replicas with something new, launched once every event of this instant is in
-    while events:
-        now_s, kind, _, payload = heapq.heappop(events)
-        if kind == _ARRIVAL:
-            req = states[payload] = RequestState(payload, prompts[payload], outputs[payload], now_s)
-            replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
-            replica_of[payload] = replica.index
-            replica.scheduler.add(req)
-        else:
-            replica, step = payload
-            replica.in_flight -= 1
-            for req in finish_step(step, now_s):
-                replica.scheduler.release(req)
-                if closed and issued < n:
-                    heapq.heappush(events, (max(now_s, arrivals[issued]), _ARRIVAL, seq, issued))
-                    seq += 1
-                    issued += 1
-        if replica not in ready:
-            ready.append(replica)
-        if not events or events[0][0] > now_s:
-            for replica in ready:
-                push_steps(replica, now_s)
-            ready.clear()
+    try:
+        while arrivals or completions:
+            if arrivals and (not completions or arrivals[0][0] <= completions[0][0]):
+                now_s, _, rid = heapq.heappop(arrivals)
+                req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s)
+                replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
+                replica_of[rid] = replica.index
+                replica.scheduler.add(req)
+                if replica not in ready:
+                    ready.append(replica)
+            else:
+                now_s, _, replica, step = heapq.heappop(completions)
+                if replica.complete(step):
+                    finished = finish_step(step, now_s)
+                    if violations:
+                        violations.step_done(step, finished, now_s)
+                    for req in finished:
+                        replica.scheduler.release(req)
+                        if closed and issued < n:
+                            heapq.heappush(arrivals, (max(now_s, arrivals_s[issued]), seq, issued))
+                            seq += 1
+                            issued += 1
+                    if replica not in ready:
+                        ready.append(replica)
+            next_s = min(arrivals[0][0] if arrivals else math.inf, completions[0][0] if completions else math.inf)
+            if next_s > now_s:
+                for replica in ready:
+                    push(replica, replica.launch(now_s, log))
+                if fast_forward_decodes:  # once every replica's launches of this instant bound the others' runs
+                    for replica in ready:
+                        push(replica, fast_forward(replica, horizon_s(replica), log))
+                ready.clear()
+    except StoppedEarly as stop:
+        stop.peak_kv_tokens = max((entry[7] for entry in log), default=0)
+        stop.preemptions = sum(state.preemptions for state in states if state is not None)
+        raise
     return states, replica_of, log
 
 
@@ -181,6 +241,7 @@ def _result(states: list[RequestState], replica_of: list[int], log: list[tuple],
     counts = np.array([len(s.token_times_s) for s in states], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     times = np.fromiter((t for s in states for t in s.token_times_s), dtype=np.float64, count=int(offsets[-1]))
+    log.sort(key=lambda entry: entry[0])  # replica by replica (stable: each in its launch order)
     columns = list(zip(*log)) if log else [()] * 8
     steps = StepRecord(
         replica=np.array(columns[0], dtype=np.int64),

@@ -1,0 +1,104 @@
+"""Fast-forward through steady decoding: many engine steps at once, with the same results as stepping.
+
+Between arrivals and completions a replica often only decodes: every running request is in one of the
+micro-batches in flight (one without pipeline parallelism), nothing waiting can be admitted, and when a
+micro-batch finishes the scheduler relaunches exactly its requests, each one token further. Stepping through the
+scheduler costs Python work per request per token; here each relaunch is a few scalar operations: its time from
+the representative decode batch (``n`` requests, their total context growing by ``n`` per step), the host and
+the pipeline stages occupied as the simulator's launch occupies them, and the KV it takes from a per-batch
+pattern (``decode_blocks``). The requests are brought up to date once, when the run stops.
+
+A run stops before the first completion that the simulator must see step by step: one at or after ``horizon_s``
+(the replica's next outside event: an arrival, or another replica's completion), one that finishes a request,
+or a relaunch the KV pool cannot hold (the scheduler then preempts or retracts). The micro-batches still in
+flight then carry new :class:`Step` objects, which the simulator schedules as completion events in place of the
+old ones. Arithmetic follows the stepping path operation for operation, so token times and step records are
+identical (tests/test_serving_simulator.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from servesim.serving.state import Step, make_step
+
+if TYPE_CHECKING:
+    from servesim.serving.simulator import _Replica
+
+
+class _Batch:
+    """One in-flight decode micro-batch being relaunched."""
+
+    __slots__ = ("step", "end_s", "context_tokens", "blocks", "launches", "limit", "times_s")
+
+    def __init__(self, step: Step, end_s: float, blocks: np.ndarray) -> None:
+        self.step = step
+        self.end_s = end_s
+        self.context_tokens = step.decode_context_tokens + step.num_decodes  # at the next launch
+        self.blocks = blocks.tolist()
+        self.launches = 0
+        # Completions possible before one finishes a request (the in-flight step's completion is the first).
+        self.limit = min(r.output - r.generated for r in step.requests) - 1
+        self.times_s: list[float] = []
+
+
+def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[tuple[float, Step]]:
+    """Relaunch the replica's in-flight decode micro-batches until one must go through the simulator (see the
+    module docstring). Returns the ``(end_s, step)`` of micro-batches that replace in-flight ones, in the order
+    they end, and updates ``replica.flights``; empty when nothing moved."""
+    flights = replica.flights
+    if not flights or flights[0][0] >= horizon_s or any(step.prefills for _, step in flights):
+        return []
+    scheduler = replica.scheduler
+    sizes = [step.num_decodes for _, step in flights]
+    if len(flights) < replica.pp:
+        sizes.append(0)  # the pipeline has room: the scheduler is asked again, with its whole token budget
+    if not scheduler.steady_decode(sizes):
+        return []
+    queue = deque(_Batch(step, end_s, scheduler.decode_blocks(np.array([r.computed + 1 for r in step.requests])))
+                  for end_s, step in flights)  # in the order they end: the pipeline is first in, first out
+    moved = False
+    while True:
+        batch = queue[0]
+        end_s = batch.end_s
+        if end_s >= horizon_s or len(batch.times_s) >= batch.limit:
+            break
+        blocks = batch.blocks[batch.launches % len(batch.blocks)]
+        if blocks > scheduler.free:
+            break
+        moved = True
+        queue.popleft()
+        batch.times_s.append(end_s)
+        scheduler.free -= blocks
+        scheduler.decode_launched()
+        size = batch.step.num_decodes
+        overhead_us, stages_us = replica.decode_time_us(size, batch.context_tokens)
+        start_s, batch.end_s = replica.occupy(end_s, overhead_us, stages_us)
+        log.append((replica.index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
+        batch.context_tokens += size
+        batch.launches += 1
+        queue.append(batch)
+    if not moved:
+        return []
+    replaced = []
+    for batch in queue:
+        if batch.launches:
+            _commit(batch, scheduler)
+            replaced.append((batch.end_s, batch.step))
+    replica.flights = [(batch.end_s, batch.step) for batch in queue]
+    return replaced
+
+
+def _commit(batch: _Batch, scheduler) -> None:
+    """Bring the batch's requests up to date and make the step now in flight."""
+    done = len(batch.times_s)
+    requests = batch.step.requests
+    for req in requests:
+        req.computed += done
+        req.generated += done
+        req.token_times_s.extend(batch.times_s)
+    scheduler.commit_decodes(requests, batch.launches)
+    batch.step = make_step(list(requests), [1] * len(requests))

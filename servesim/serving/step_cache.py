@@ -4,14 +4,16 @@ Decode contexts change every step and prompt lengths every request, so a cache k
 almost never hit. The simulator asks :class:`StepTimeModel` about representative batches instead:
 
 - the ``n`` decodes all at their mean context, rounded to the nearest value with :data:`DECODE_BITS`
-  significant bits (steps of at most 1/16 of the value: 1024, 1088, 1152, …). ``n`` stays exact, since CUDA-graph
-  padding and GEMM shapes depend on it;
-- with prompt chunks in the step, the time is interpolated linearly between the batch with every chunk rounded
-  down and the one with every chunk rounded up to :data:`PREFILL_BITS` significant bits (prefill time is close to
-  linear in tokens between neighbouring grid points), cached prefixes and the decodes' mean context rounded to that
-  grid too.
+  significant bits (steps of at most 1/16 of the value: 1024, 1088, 1152, …). In a decode-only step ``n`` stays
+  exact, since CUDA-graph padding and GEMM shapes depend on it;
+- with prompt chunks in the step, the time is interpolated bilinearly between the four batches with every chunk
+  rounded down or up to :data:`PREFILL_BITS` significant bits and the number of decodes rounded down or up to
+  :data:`COUNT_BITS` significant bits (such steps run outside CUDA graphs, and their time is close to linear in
+  prompt tokens and in decodes between neighbouring grid points); cached prefixes and the decodes' mean context
+  are rounded to the prefill grid.
 
-Lengths up to :data:`EXACT_BELOW` stay exact. docs/serving.md gives the measured error of this approximation.
+Lengths up to :data:`EXACT_BELOW` and decode counts up to :data:`EXACT_COUNT_BELOW` stay exact. docs/serving.md
+gives the measured error of this approximation.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from servesim.serving.step_time import StepTime, StepTimeModel
 EXACT_BELOW = 64
 DECODE_BITS = 4
 PREFILL_BITS = 3
+EXACT_COUNT_BELOW = 8
+COUNT_BITS = 3
 
 
 def _grid_step(tokens: int, bits: int) -> int:
@@ -37,9 +41,9 @@ def round_length(tokens: int, bits: int = DECODE_BITS) -> int:
     return (tokens + step // 2) // step * step
 
 
-def grid_bounds(tokens: int, bits: int = PREFILL_BITS) -> tuple[int, int]:
-    """The grid values around ``tokens`` (equal when it is on the grid or at most :data:`EXACT_BELOW`)."""
-    if tokens <= EXACT_BELOW:
+def grid_bounds(tokens: int, bits: int = PREFILL_BITS, exact_below: int = EXACT_BELOW) -> tuple[int, int]:
+    """The grid values around ``tokens`` (equal when it is on the grid or at most ``exact_below``)."""
+    if tokens <= exact_below:
         return tokens, tokens
     step = _grid_step(tokens, bits)
     low = tokens // step * step
@@ -51,21 +55,48 @@ def _decodes(step: Step, bits: int) -> tuple[int, ...]:
     return (round_length(step.decode_context_tokens // n, bits),) * n if n else ()
 
 
+def decode_step_time_us(step_model: StepTimeModel, num_decodes: int, context_tokens: int) -> tuple[float, tuple[float, ...]]:
+    """``(host overhead, per-stage GPU time)``, µs, of a step of ``num_decodes`` decodes holding
+    ``context_tokens`` in total."""
+    context = round_length(context_tokens // num_decodes, DECODE_BITS)
+    time = step_model.step_time_us(BatchSpec(decodes=(context,) * num_decodes))
+    return time.overhead_us, time.stage_us
+
+
 def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[float, ...]]:
     """``(host overhead, per-stage GPU time)`` of ``step``, µs, from representative batches (memoised by the
     model)."""
     if not step.prefills:
-        time = step_model.step_time_us(BatchSpec(decodes=_decodes(step, DECODE_BITS)))
-        return time.overhead_us, time.stage_us
-    decodes = _decodes(step, PREFILL_BITS)
+        return decode_step_time_us(step_model, step.num_decodes, step.decode_context_tokens)
+    decodes = step.num_decodes
+    context = round_length(step.decode_context_tokens // decodes, PREFILL_BITS) if decodes else 0
     cached = [round_length(p.cached_tokens, PREFILL_BITS) for p in step.prefills]
     bounds = [grid_bounds(p.new_tokens) for p in step.prefills]
-    low = step_model.step_time_us(BatchSpec(tuple(PrefillChunk(lo, c) for (lo, _), c in zip(bounds, cached)), decodes))
+    count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
     low_tokens = sum(lo for lo, _ in bounds)
     span = sum(hi for _, hi in bounds) - low_tokens
-    if span == 0:
-        return low.overhead_us, low.stage_us
-    high = step_model.step_time_us(BatchSpec(tuple(PrefillChunk(hi, c) for (_, hi), c in zip(bounds, cached)), decodes))
-    w = (sum(p.new_tokens for p in step.prefills) - low_tokens) / span
-    stages = tuple(a + w * (b - a) for a, b in zip(low.stage_us, high.stage_us))
-    return low.overhead_us + w * (high.overhead_us - low.overhead_us), stages
+    w_tokens = (sum(p.new_tokens for p in step.prefills) - low_tokens) / span if span else 0.0
+    w_count = (decodes - count_bounds[0]) / (count_bounds[1] - count_bounds[0]) if count_bounds[1] > count_bounds[0] else 0.0
+
+    def corner(high_tokens: bool, count: int) -> StepTime:
+        chunks = tuple(PrefillChunk(hi if high_tokens else lo, c) for (lo, hi), c in zip(bounds, cached))
+        return step_model.step_time_us(BatchSpec(chunks, (context,) * count))
+
+    def along_tokens(count: int) -> tuple[float, tuple[float, ...]]:
+        low = corner(False, count)
+        if not w_tokens:
+            return low.overhead_us, low.stage_us
+        return _mix(low, corner(True, count), w_tokens)
+
+    low = along_tokens(count_bounds[0])
+    if not w_count:
+        return low
+    high = along_tokens(count_bounds[1])
+    return (low[0] + w_count * (high[0] - low[0]),
+            tuple(a + w_count * (b - a) for a, b in zip(low[1], high[1])))
+
+
+def _mix(low: StepTime, high: StepTime, weight: float) -> tuple[float, tuple[float, ...]]:
+    """``low`` moved ``weight`` of the way to ``high``: (host overhead, per-stage times)."""
+    return (low.overhead_us + weight * (high.overhead_us - low.overhead_us),
+            tuple(a + weight * (b - a) for a, b in zip(low.stage_us, high.stage_us)))

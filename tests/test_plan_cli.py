@@ -23,8 +23,8 @@ OPTION_KEYS = ["rank", "gpu", "layout", "tp", "pp", "gpus_per_replica", "status"
                "capacity_concurrency", "slo_values_ms", "binding", "replicas", "total_gpus", "usd_per_gpu_hour",
                "price_date", "usd_per_hour", "usd_per_million_output_tokens", "output_tokens_per_s_per_gpu",
                "weights_gib_per_gpu", "kv_tokens", "unloaded_ms", "simulations", "note", "probes"]
-PROBE_KEYS = ["load", "meets_slos", "sustained", "request_rate_per_s", "completion_ratio", "output_tokens_per_s",
-              "slo_values_ms", "latency_ms", "peak_kv_occupancy", "preemptions"]
+PROBE_KEYS = ["load", "meets_slos", "stopped_by", "sustained", "request_rate_per_s", "completion_ratio",
+              "output_tokens_per_s", "slo_values_ms", "latency_ms", "peak_kv_occupancy", "preemptions"]
 
 
 def run(*args: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from servesim.models.parallel import Parallelism
 from servesim.serving.config import default_engine_config
 from servesim.serving.simulator import simulate
 from servesim.serving.step_time import StepTimeModel
+from servesim.serving.stop import StopRule, StoppedEarly, violations_to_fail
 from servesim.workloads import Workload, build_workload
 
 MODEL = get_model("llama3-8b")
@@ -157,6 +159,62 @@ def test_pipeline_keeps_micro_batches_in_flight():
     cfg = default_engine_config("vllm", GPU, par)
     steps = simulate(MODEL, GPU, par, cfg, workload, step_model=step_model).steps
     assert (steps.start_s[1:] < steps.end_s[:-1]).any()  # a step starts before the previous one ends
+
+
+STEP_COLUMNS = ("replica", "start_s", "end_s", "num_requests", "num_tokens", "prefill_tokens", "num_decodes",
+                "kv_used_tokens")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("closed", [False, True])
+@pytest.mark.parametrize("small", [False, True])
+def test_fast_forward_gives_exactly_the_stepped_result(engine, pp, closed, small):
+    """Running steady decode stretches in one go changes nothing: token times, steps, KV and preemptions."""
+    par = Parallelism(1, pp)
+    step_model = StepTimeModel(engine, MODEL, GPU, par, get_estimator("roofline"))
+    cfg = default_engine_config(engine, GPU, par)
+    if small:
+        cfg = cfg.with_overrides(memory_fraction=SMALL_MEMORY, max_num_batched_tokens=1024)
+    workload = (build_workload("splitwise-conv", 120, concurrency=16, seed=1) if closed
+                else build_workload("splitwise-conv", 120, qps=4.0, seed=1))
+    runs = [simulate(MODEL, GPU, par, cfg, workload, step_model=step_model, replicas=2, fast_forward_decodes=ff)
+            for ff in (False, True)]
+    stepped, forwarded = runs
+    np.testing.assert_array_equal(forwarded.token_offsets, stepped.token_offsets)
+    np.testing.assert_array_equal(forwarded.token_times_s, stepped.token_times_s)
+    np.testing.assert_array_equal(forwarded.preemptions, stepped.preemptions)
+    for column in STEP_COLUMNS:
+        np.testing.assert_array_equal(getattr(forwarded.steps, column), getattr(stepped.steps, column))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 10), min_size=1, max_size=60), st.floats(0, 10), st.sampled_from([50, 90, 99, 99.9, 100]))
+def test_violations_to_fail_is_enough_to_decide_the_percentile(values, limit, percentile):
+    values = np.array(values)
+    over = int((values > limit).sum())
+    needed = violations_to_fail(len(values), percentile)
+    if over >= needed:
+        assert np.percentile(values, percentile) > limit
+    # Fewer do not decide it: with the rest far below the limit, the lower of the two interpolated values is.
+    below = np.full(len(values), limit - 1e3)
+    below[:needed - 1] = limit + 1
+    assert np.sort(below)[math.floor(percentile / 100 * (len(values) - 1))] <= limit
+
+
+def test_run_stops_early_only_when_its_percentile_fails(step_models):
+    workload = build_workload("splitwise-conv", 200, qps=40.0, seed=2)
+    full = run(step_models, "vllm", workload)
+    tpot_p90_ms = float(np.nanpercentile(full.tpot_s * 1e3, 90))
+    values = int((workload.output_tokens > 1).sum())
+    rule = StopRule("tpot_p90", "tpot", tpot_p90_ms / 2, violations_to_fail(values, 90))
+    cfg = default_engine_config("vllm", GPU, TP1)
+    with pytest.raises(StoppedEarly) as stopped:
+        simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models["vllm"], stop_rules=(rule,))
+    assert stopped.value.rule is rule and stopped.value.time_s < full.finish_s.max()
+    met = StopRule("tpot_p90", "tpot", tpot_p90_ms * 1.01, violations_to_fail(values, 90))
+    again = simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models["vllm"], stop_rules=(met,))
+    np.testing.assert_array_equal(again.token_times_s, full.token_times_s)
 
 
 def test_metric_definitions(step_models):

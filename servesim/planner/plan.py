@@ -228,7 +228,8 @@ def binding_text(request: PlanRequest, option: OptionPlan) -> str:
     slo = next(s for s in request.slos if s.metric == result.binding)
     value = above.slo_values_ms[request.slos.index(slo)]
     name = f"{METRIC_LABELS[slo.metric]} p{slo.percentile:g}"
-    return f"{METRIC_LABELS[slo.metric]} binds: above {load} {name} reaches {ms(value)} (limit {slo.limit_ms:g} ms)"
+    reaches = f"exceeds {slo.limit_ms:g} ms" if math.isnan(value) else f"reaches {ms(value)} (limit {slo.limit_ms:g} ms)"
+    return f"{METRIC_LABELS[slo.metric]} binds: above {load} {name} {reaches}"
 
 
 def explain(request: PlanRequest, winner: OptionPlan, runner_up: OptionPlan | None) -> str:
@@ -331,16 +332,22 @@ def weights_gib_per_gpu(result: OptionResult) -> float:
     return result.estimate.memory.weight_bytes / GIB
 
 
+def _known(value: float) -> float | None:
+    """JSON has no NaN: what a run that stopped early never measured is null."""
+    return None if math.isnan(value) else value
+
+
 def probe_payload(probe: Probe, slos: tuple[Slo, ...]) -> dict:
     return {
         "load": probe.load,
         "meets_slos": probe.meets_slos,
+        "stopped_by": probe.stopped_by,
         "sustained": probe.sustained,
-        "request_rate_per_s": probe.request_rate_per_s,
-        "completion_ratio": probe.completion_ratio,
-        "output_tokens_per_s": probe.output_tokens_per_s,
-        "slo_values_ms": {slo.name: value for slo, value in zip(slos, probe.slo_values_ms)},
-        "latency_ms": dict(probe.latency_ms),
+        "request_rate_per_s": _known(probe.request_rate_per_s),
+        "completion_ratio": _known(probe.completion_ratio),
+        "output_tokens_per_s": _known(probe.output_tokens_per_s),
+        "slo_values_ms": {slo.name: _known(value) for slo, value in zip(slos, probe.slo_values_ms)},
+        "latency_ms": {key: _known(value) for key, value in probe.latency_ms.items()},
         "peak_kv_occupancy": probe.peak_kv_occupancy,
         "preemptions": probe.preemptions,
     }

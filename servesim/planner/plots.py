@@ -32,11 +32,12 @@ def _file_stem(option: OptionPlan) -> str:
 def _latency_figure(plt, plan: Plan, option: OptionPlan, path: Path) -> None:
     request, result = plan.request, option.result
     unit = "requests/s" if request.mode == "qps" else "clients"
-    loads = [p.load for p in result.probes]
+    measured = [p for p in result.probes if p.stopped_by is None]  # runs that stopped early have no percentiles
+    loads = [p.load for p in measured]
     fig, axes = plt.subplots(1, len(METRICS), figsize=(13, 3.8))
     for ax, metric in zip(axes, METRICS):
         for percentile, style in ((50, ":"), (90, "--"), (99, "-")):
-            ax.plot(loads, [p.latency_ms[f"{metric}_p{percentile}_ms"] for p in result.probes], style, marker="o",
+            ax.plot(loads, [p.latency_ms[f"{metric}_p{percentile}_ms"] for p in measured], style, marker="o",
                     markersize=3, label=f"p{percentile}")
         for slo in request.slos:
             if slo.metric == metric:

@@ -8,7 +8,9 @@ flip), then splits the bracket until it is within the relative tolerance. A load
 percentile is within its limit and, open loop, the engine keeps up with the arrivals (:func:`completion_ratio`).
 When the first load fails, a run of one request at a time tells an SLO tighter than the unloaded latency. One
 :class:`StepTimeModel` serves every simulation of the option, so step times predicted at one load are reused at
-the next.
+the next. A run ends as soon as enough requests are over an SLO limit for its percentile to fail
+(servesim/serving/stop.py); such a probe knows which SLO broke but not the final percentiles. Only bracketing
+runs stop early: they are the furthest from the capacity, and the splits' percentiles steer the next split.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from servesim.serving.config import EngineConfig
 from servesim.serving.metrics import SimulationResult
 from servesim.serving.simulator import simulate
 from servesim.serving.step_time import StepTimeModel
+from servesim.serving.stop import StopRule, StoppedEarly, violations_to_fail
 from servesim.workloads.request import Workload
 
 SEARCH_MODES = ("qps", "concurrency")
@@ -72,11 +75,14 @@ class OptionTask:
 
 @dataclass(frozen=True)
 class Probe:
-    """One simulated load: whether every SLO held, the SLO percentiles and what the engine did."""
+    """One simulated load: whether every SLO held, the SLO percentiles and what the engine did.
+
+    A run that stopped early (``stopped_by``: the SLO known to fail) has NaN for every percentile, the
+    completion ratio and the throughput, and the peak KV occupancy and preemptions up to the stop."""
 
     load: float  # requests/s offered (open loop) or clients (closed loop)
     meets_slos: bool  # every SLO percentile within its limit, and (open loop) the load sustained
-    sustained: bool  # open loop: completion_ratio >= SUSTAIN_FRACTION; closed loop: always
+    sustained: bool  # open loop: completion_ratio >= SUSTAIN_FRACTION; closed loop, or stopped early: True
     slo_values_ms: tuple[float, ...]  # in the order of the task's SLOs
     latency_ms: dict[str, float]  # LATENCY_KEYS
     request_rate_per_s: float  # the offered rate (open loop) or the measured one (closed loop)
@@ -84,6 +90,7 @@ class Probe:
     output_tokens_per_s: float
     peak_kv_occupancy: float
     preemptions: int
+    stopped_by: str | None = None  # the name of the SLO whose failure ended the run early
 
 
 @dataclass(frozen=True)
@@ -116,8 +123,27 @@ def unloaded_workload(workload: Workload) -> Workload:
                     arrival_mode="closed", concurrency=1, seed=workload.seed, arrival_process="burst")
 
 
-def _probe(task: OptionTask, steps: StepTimeModel, workload: Workload, load: float) -> Probe:
-    result = simulate(task.model, task.gpu, task.par, task.engine, workload, step_model=steps)
+def stop_rules(slos: tuple[Slo, ...], workload: Workload) -> tuple[StopRule, ...]:
+    """A rule per SLO that ends a run once its percentile is known to fail (TPOT counts requests of two or more
+    output tokens, as the percentile does)."""
+    rules = []
+    for slo in slos:
+        values = int((workload.output_tokens > 1).sum()) if slo.metric == "tpot" else len(workload)
+        if values:
+            rules.append(StopRule(slo.name, slo.metric, slo.limit_ms, violations_to_fail(values, slo.percentile)))
+    return tuple(rules)
+
+
+def _probe(task: OptionTask, steps: StepTimeModel, workload: Workload, load: float, stop_early: bool = True) -> Probe:
+    nan = float("nan")
+    try:
+        result = simulate(task.model, task.gpu, task.par, task.engine, workload, step_model=steps,
+                          stop_rules=stop_rules(task.slos, workload) if stop_early else ())
+    except StoppedEarly as stop:
+        return Probe(load=load, meets_slos=False, sustained=True, slo_values_ms=(nan,) * len(task.slos),
+                     latency_ms=dict.fromkeys(LATENCY_KEYS, nan), request_rate_per_s=nan, completion_ratio=nan,
+                     output_tokens_per_s=nan, peak_kv_occupancy=stop.peak_kv_occupancy,
+                     preemptions=stop.preemptions, stopped_by=stop.rule.name)
     summary = result.summary()
     values = measure(result, task.slos)
     open_loop = workload.arrival_mode == "open"
@@ -154,11 +180,18 @@ def binding_constraint(above: Probe, slos: tuple[Slo, ...]) -> str:
     """What gives way first just above capacity: the SLO furthest over its limit, or ``memory`` when that SLO is
     a waiting time (TTFT, E2E) and the KV cache was full (requests queue for memory, not for compute), or
     ``throughput`` when every SLO held but the engine fell behind the arrivals."""
-    if meets(above.slo_values_ms, slos):
+    if above.stopped_by is None and meets(above.slo_values_ms, slos):
         return "throughput"
-    metric = worst(above.slo_values_ms, slos).metric
+    metric = failing_metric(above, slos)
     kv_full = above.preemptions > 0 or above.peak_kv_occupancy >= KV_FULL
     return "memory" if kv_full and metric in ("ttft", "e2e") else metric
+
+
+def failing_metric(probe: Probe, slos: tuple[Slo, ...]) -> str:
+    """The metric of the SLO that ended the probe's run, or else of the one furthest over its limit."""
+    if probe.stopped_by is not None:
+        return next(slo.metric for slo in slos if slo.name == probe.stopped_by)
+    return worst(probe.slo_values_ms, slos).metric
 
 
 def start_load(estimate: GpuEstimate, mode: str) -> float:
@@ -232,9 +265,9 @@ def search_capacity(task: OptionTask) -> OptionResult:
                            f"({longest:,}); use more GPUs per replica or cap lengths in the workload")
     probes: dict[float, Probe] = {}
 
-    def probe(load: float) -> Probe:
+    def probe(load: float, stop_early: bool = True) -> Probe:
         if load not in probes:
-            probes[load] = _probe(task, steps, at_load(task.workload, task.mode, load), load)
+            probes[load] = _probe(task, steps, at_load(task.workload, task.mode, load), load, stop_early)
         return probes[load]
 
     search = _Bracket(task.mode == "concurrency", task.tolerance)
@@ -242,7 +275,7 @@ def search_capacity(task: OptionTask) -> OptionResult:
     first = probe(load)
     unloaded = None
     if not first.meets_slos:
-        unloaded = _probe(task, steps, unloaded_workload(task.workload), 1.0)
+        unloaded = _probe(task, steps, unloaded_workload(task.workload), 1.0, stop_early=False)
         if not unloaded.meets_slos:
             return finish("slo_unmet", probes=_sorted(probes), unloaded_ms=unloaded.slo_values_ms,
                           binding=worst(unloaded.slo_values_ms, task.slos).metric,
@@ -260,7 +293,7 @@ def search_capacity(task: OptionTask) -> OptionResult:
         lowest = min(probes)
         return finish("slo_unmet", probes=_sorted(probes),
                       unloaded_ms=unloaded.slo_values_ms if unloaded else None,
-                      binding=worst(probes[lowest].slo_values_ms, task.slos).metric,
+                      binding=failing_metric(probes[lowest], task.slos),
                       note=f"the SLOs fail even at {_load_text(task.mode, lowest)}")
     if high is None:
         return finish("ok", probes=_sorted(probes), capacity=probes[low], binding="none",
@@ -270,7 +303,7 @@ def search_capacity(task: OptionTask) -> OptionResult:
         width = high / low
         load = search.split(low, high, _ratio(probes[low], task.slos), _ratio(probes[high], task.slos),
                             interpolate)
-        if probe(load).meets_slos:
+        if probe(load, stop_early=False).meets_slos:  # percentiles above the limit steer the next split
             low = load
         else:
             high = load

@@ -4,7 +4,8 @@
 
 Simulates splitwise-conv requests (the trace's own arrival rate) for llama3-8b on one H100 with a cold step-time
 model, then again with the warm one (as a capacity search reuses it), and prints requests simulated per second.
-Then compares, on a sample of the steps, the representative-batch time with the exact batch's time.
+Then compares, on a sample of the steps (every step taken through the scheduler), the representative-batch time
+with the exact batch's time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
-from servesim.serving import simulator
+from servesim.serving import simulator, step_cache
 from servesim.serving.config import default_engine_config
 from servesim.serving.step_time import StepTimeModel
 from servesim.workloads import build_workload
@@ -44,17 +45,17 @@ def main() -> None:
               f"{len(result.steps.start_s) / elapsed:,.0f} steps/s; "
               f"{step_model.step_time_us.cache_info().currsize:,} distinct batches timed")
 
-    sampled, approximate = [], simulator.step_time_us
+    sampled, finish = [], simulator.finish_step
     rng = random.Random(0)
 
-    def recording(model_, step):
-        times = approximate(model_, step)
-        if rng.random() < args.sample:
-            sampled.append((step.batch(), times))
-        return times
+    def recording(step, end_s):
+        if rng.random() < args.sample:  # the exact batch, before the step advances its requests
+            sampled.append((step.batch(), step_cache.step_time_us(step_model, step)))
+        return finish(step, end_s)
 
-    simulator.step_time_us = recording
-    simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model)
+    simulator.finish_step = recording
+    simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model, fast_forward_decodes=False)
+    simulator.finish_step = finish
     for kind in ("decode-only", "with prefill"):
         errors = []
         for batch, (overhead_us, stages_us) in sampled:

@@ -25,8 +25,8 @@ from servesim.serving.step_time import StepTime, StepTimeModel
 EXACT_BELOW = 64
 DECODE_BITS = 4
 PREFILL_BITS = 3
-EXACT_COUNT_BELOW = 8
-COUNT_BITS = 3
+EXACT_COUNT_BELOW = 2
+COUNT_BITS = 2
 
 
 def _grid_step(tokens: int, bits: int) -> int:
@@ -79,7 +79,9 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     w_count = (decodes - count_bounds[0]) / (count_bounds[1] - count_bounds[0]) if count_bounds[1] > count_bounds[0] else 0.0
 
     def corner(high_tokens: bool, count: int) -> StepTime:
-        chunks = tuple(PrefillChunk(hi if high_tokens else lo, c) for (lo, hi), c in zip(bounds, cached))
+        # In a canonical order: the time does not depend on the order of the chunks, and the memo then hits.
+        chunks = tuple(sorted((PrefillChunk(hi if high_tokens else lo, c) for (lo, hi), c in zip(bounds, cached)),
+                              key=lambda chunk: (chunk.new_tokens, chunk.cached_tokens)))
         return step_model.step_time_us(BatchSpec(chunks, (context,) * count))
 
     def along_tokens(count: int) -> tuple[float, tuple[float, ...]]:

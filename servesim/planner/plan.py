@@ -228,7 +228,8 @@ def binding_text(request: PlanRequest, option: OptionPlan) -> str:
     slo = next(s for s in request.slos if s.metric == result.binding)
     value = above.slo_values_ms[request.slos.index(slo)]
     name = f"{METRIC_LABELS[slo.metric]} p{slo.percentile:g}"
-    reaches = f"exceeds {slo.limit_ms:g} ms" if math.isnan(value) else f"reaches {ms(value)} (limit {slo.limit_ms:g} ms)"
+    limit = f"{slo.limit_ms:g} ms"
+    reaches = f"exceeds {limit}" if math.isnan(value) else f"reaches {ms(value)} (limit {limit})"
     return f"{METRIC_LABELS[slo.metric]} binds: above {load} {name} {reaches}"
 
 

@@ -2,9 +2,10 @@
 scheduler forms steps, the step-time model times them, and finished steps emit tokens.
 
 Events are arrivals and step completions, processed in time order; replicas form their next steps once every
-event of the instant is in (so a step that ends as a request arrives already sees it, and a burst is one batch). A replica has ``pp`` pipeline stages and keeps up to ``pp`` micro-batches
-in flight: a new one is formed as soon as fewer are in flight, from the requests not already in the pipeline (a
-request needs its previous token before its next step). A micro-batch first takes the host overhead (the CPU is
+event of the instant is in (so a step that ends as a request arrives already sees it, and a burst is one batch).
+A replica has ``pp`` pipeline stages and keeps up to ``pp`` micro-batches in flight: a new one is formed as soon
+as fewer are in flight, from the requests not already in the pipeline (a request needs its previous token before
+its next step). A micro-batch first takes the host overhead (the CPU is
 shared by the micro-batches, one after the other), then passes the stages in turn, waiting for each stage to be
 free. With ``pp = 1`` a step therefore lasts ``StepTime.latency_us``, and with many micro-batches the pipeline
 issues one per bottleneck stage time. Stretches where a replica only relaunches the same decode micro-batches are
@@ -237,7 +238,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     return states, replica_of, log
 
 
-def _result(states: list[RequestState], replica_of: list[int], log: list[tuple], kv_capacity: int, info: dict) -> SimulationResult:
+def _result(states: list[RequestState], replica_of: list[int], log: list[tuple], kv_capacity: int,
+            info: dict) -> SimulationResult:
     counts = np.array([len(s.token_times_s) for s in states], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     times = np.fromiter((t for s in states for t in s.token_times_s), dtype=np.float64, count=int(offsets[-1]))

@@ -55,7 +55,8 @@ def _decodes(step: Step, bits: int) -> tuple[int, ...]:
     return (round_length(step.decode_context_tokens // n, bits),) * n if n else ()
 
 
-def decode_step_time_us(step_model: StepTimeModel, num_decodes: int, context_tokens: int) -> tuple[float, tuple[float, ...]]:
+def decode_step_time_us(step_model: StepTimeModel, num_decodes: int,
+                        context_tokens: int) -> tuple[float, tuple[float, ...]]:
     """``(host overhead, per-stage GPU time)``, µs, of a step of ``num_decodes`` decodes holding
     ``context_tokens`` in total."""
     context = round_length(context_tokens // num_decodes, DECODE_BITS)
@@ -76,7 +77,8 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     low_tokens = sum(lo for lo, _ in bounds)
     span = sum(hi for _, hi in bounds) - low_tokens
     w_tokens = (sum(p.new_tokens for p in step.prefills) - low_tokens) / span if span else 0.0
-    w_count = (decodes - count_bounds[0]) / (count_bounds[1] - count_bounds[0]) if count_bounds[1] > count_bounds[0] else 0.0
+    count_span = count_bounds[1] - count_bounds[0]
+    w_count = (decodes - count_bounds[0]) / count_span if count_span else 0.0
 
     def corner(high_tokens: bool, count: int) -> StepTime:
         # In a canonical order: the time does not depend on the order of the chunks, and the memo then hits.

@@ -33,9 +33,10 @@ def step_models():
     return {engine: StepTimeModel(engine, MODEL, GPU, TP1, get_estimator("roofline")) for engine in ("vllm", "sglang")}
 
 
-def run(step_models, engine, workload, replicas=1, router="round_robin", **overrides):
+def run(step_models, engine, workload, replicas=1, router="round_robin", fast_forward_decodes=True, **overrides):
     cfg = default_engine_config(engine, GPU, TP1).with_overrides(**overrides)
-    return simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models[engine], replicas=replicas, router=router)
+    return simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models[engine], replicas=replicas, router=router,
+                    fast_forward_decodes=fast_forward_decodes)
 
 
 def make_workload(prompts, outputs, arrivals=None, concurrency=None):
@@ -52,7 +53,7 @@ workloads = st.integers(1, 24).flatmap(lambda n: st.tuples(
 ))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=workloads, engine=st.sampled_from(["vllm", "sglang"]), small=st.booleans(),
        replicas=st.integers(1, 2))
 def test_invariants_hold_for_any_workload(step_models, spec, engine, small, replicas):
@@ -80,9 +81,12 @@ def test_invariants_hold_for_any_workload(step_models, spec, engine, small, repl
     # Closed loop: never more requests in flight than clients.
     if concurrency:
         assert max_in_flight(result) <= concurrency
-    # Same inputs, same result.
+    # Same inputs, same result; stepping every decode through the scheduler too.
     again = run(step_models, engine, workload, replicas=replicas, **overrides)
     np.testing.assert_array_equal(again.token_times_s, result.token_times_s)
+    stepped = run(step_models, engine, workload, replicas=replicas, fast_forward_decodes=False, **overrides)
+    np.testing.assert_array_equal(stepped.token_times_s, result.token_times_s)
+    np.testing.assert_array_equal(stepped.steps.kv_used_tokens, result.steps.kv_used_tokens)
 
 
 def max_in_flight(result) -> int:

@@ -276,3 +276,20 @@ def test_gemm_shapes_match_vidurs_measured_ops(preset, folder):
             assert (ops["o_proj"].n, ops["o_proj"].k) == (row.n_embd, row.n_embd // tp)
             assert (ops["gate_up_proj"].n, ops["gate_up_proj"].k) == (2 * row.n_expanded_embd // tp, row.n_embd)
             assert (ops["down_proj"].n, ops["down_proj"].k) == (row.n_embd, row.n_expanded_embd // tp)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_fp8_kv_cache_halves_the_attention_kv_traffic(engine):
+    batch = parse_batch("decode:32x4000")
+    bf16, fp8 = (expand(engine, LLAMA70, H100, batch, tp=4, dtype="fp8", kv_cache_dtype=kv) for kv in ("auto", "fp8"))
+    attn16, attn8 = (next(s.op for s in step.kernels if isinstance(s.op, AttentionDecode)) for step in (bf16, fp8))
+    assert (attn16.kv_dtype, attn8.kv_dtype) == ("bf16", "fp8")
+    kv_bytes = 32 * 4000 * 2 * attn16.num_kv_heads * attn16.head_dim  # K and V, one byte less per element
+    assert attn16.bytes_moved() - attn8.bytes_moved() == pytest.approx(kv_bytes, rel=1e-3)
+    writes = {s.op.kv_dtype for s in fp8.kernels if s.op.name == "kv_cache_write"}
+    assert writes == {"fp8"}
+
+
+def test_unknown_kv_cache_dtype_is_one_line_error():
+    with pytest.raises(ServesimError, match="unknown KV-cache dtype 'int4'"):
+        expand("vllm", LLAMA70, H100, BIG_PREFILL, tp=4, kv_cache_dtype="int4")

@@ -42,6 +42,9 @@ from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, va
 #: quantisation, dynamic activation scale); ``fp8-block`` W8A8 with 128x128 weight blocks and 1x128 activation
 #: groups (Qwen3-FP8 / DeepSeek-style checkpoints).
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block")
+#: KV-cache formats, as the engines' ``--kv-cache-dtype``: ``auto`` stores K and V in the activation dtype, ``fp8``
+#: in FP8 E4M3 with per-tensor scales (the attention kernels read FP8 pages and the cache write quantises).
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 Op = Union[Kernel, Collective]
 
@@ -171,6 +174,7 @@ class _Ctx:
     tp: int
     weights: str
     act: str  # activation dtype
+    kv: str  # KV-cache dtype
     tokens: int  # padded tokens the layer's dense kernels see
     backend: str
     heads: int  # per GPU
@@ -208,7 +212,7 @@ def _attention(ctx: _Ctx) -> list[Kernel]:
         page_size=ctx.engine.page_size(ctx.backend),
         backend=ctx.backend,
         dtype=ctx.act,
-        kv_dtype=ctx.act,
+        kv_dtype=ctx.kv,
     )
     if batch.is_decode_only:
         return [AttentionDecode(kv_lens=batch.kv_lens, name="attn", **common)]
@@ -297,7 +301,7 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
             num_kv_heads=ctx.kv_heads,
             head_dim=hd,
             dtype=ctx.act,
-            kv_dtype=ctx.act,
+            kv_dtype=ctx.kv,
             name="kv_cache_write",
         ),
         *_attention(ctx),
@@ -377,15 +381,18 @@ def expand(
     pp: int = 1,
     stage: int = 0,
     dtype: str = "bf16",
+    kv_cache_dtype: str = "auto",
 ) -> StepKernels:
     """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``.
 
-    Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype): a simulator calls it
-    for every step and repeated step shapes cost a dictionary look-up.
+    Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype): a
+    simulator calls it for every step and repeated step shapes cost a dictionary look-up.
     """
     config = get_engine(engine)
     if dtype not in WEIGHT_DTYPES:
         raise ServesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ServesimError(f"unknown KV-cache dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
     check_parallelism(model, tp, pp, stage)
     traits = gpu_traits(gpu, config.name, tp)
     if dtype.startswith("fp8") and not traits.fp8_tensor_cores:
@@ -394,15 +401,17 @@ def expand(
             f"weight-only FP8 Marlin, which servesim does not model); use --dtype bf16 or an Ada/Hopper/Blackwell GPU"
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
-    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype)
+    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
 
 
 @functools.lru_cache(maxsize=8192)
 def _expand_cached(
-    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int, dtype: str
+    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
+    dtype: str, kv_cache_dtype: str,
 ) -> StepKernels:
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
     kv_heads = max(1, model.num_kv_heads // tp)
+    act = "fp16" if dtype == "fp16" else "bf16"
     ctx = _Ctx(
         engine=config,
         model=model,
@@ -410,7 +419,8 @@ def _expand_cached(
         batch=batch,
         tp=tp,
         weights=dtype,
-        act="fp16" if dtype == "fp16" else "bf16",
+        act=act,
+        kv=act if kv_cache_dtype == "auto" else kv_cache_dtype,
         tokens=plan.padded_tokens,
         backend=config.attention_backend(gpu.architecture),
         heads=model.num_attention_heads // tp,

@@ -34,8 +34,9 @@ class EngineConfig:
     max_num_seqs: int  # vLLM max_num_seqs; SGLang max_running_requests
     block_size: int  # tokens per KV page
     enable_chunked_prefill: bool = True
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: auto (the activation dtype) or fp8
 
-    def with_overrides(self, **overrides: float | int | None) -> "EngineConfig":
+    def with_overrides(self, **overrides: float | int | str | None) -> "EngineConfig":
         """A copy with the given fields replaced (``None`` keeps the default)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -116,9 +117,9 @@ def engine_memory_plan(
     par: Parallelism,
     cfg: EngineConfig,
     weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
 ) -> MemoryPlan:
-    """Memory plan of ``model`` served by ``cfg`` on ``gpu`` with layout ``par``."""
+    """Memory plan of ``model`` served by ``cfg`` on ``gpu`` with layout ``par``; the KV cache is stored in
+    ``cfg.kv_cache_dtype`` (``auto``: the activation dtype, FP16 for FP16 weights and BF16 otherwise)."""
     return plan_memory(
         model,
         par,
@@ -127,5 +128,5 @@ def engine_memory_plan(
         reserve=engine_memory_reserve(model, par, cfg),
         block_size=cfg.block_size,
         weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
+        kv_dtype=("fp16" if weight_dtype == "fp16" else "bf16") if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype,
     )

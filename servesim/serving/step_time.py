@@ -54,7 +54,8 @@ class StepTimeModel:
     """Predicts step times of one model on one GPU type under one engine and layout.
 
     ``overhead`` replaces the engine version's host-overhead constants (``servesim.serving.overhead``), as the
-    calibration does when it tries candidate values.
+    calibration does when it tries candidate values. ``kv_cache_dtype`` is the engine's ``--kv-cache-dtype``
+    (``auto`` or ``fp8``) and must match the ``EngineConfig`` the memory plan is made with.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class StepTimeModel:
         estimator: KernelEstimator,
         dtype: str = "bf16",
         overhead: HostOverhead | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         from servesim.kernels.engines import get_engine
 
@@ -76,12 +78,14 @@ class StepTimeModel:
         self.par = par
         self.estimator = estimator
         self.dtype = dtype
+        self.kv_cache_dtype = kv_cache_dtype
         self._kernel_us: dict[Kernel, float] = {}
         self._collective_us: dict[tuple[Collective, bool], float] = {}
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
-        return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype)
+        return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,
+                      self.kv_cache_dtype)
 
     def kernel_times_us(self, kernels: list[Kernel]) -> np.ndarray:
         """Times of ``kernels`` (µs), predicting each kernel not seen before in one batched estimator call (the

@@ -101,3 +101,13 @@ def test_layouts_the_engines_refuse_are_errors(name, tp, pp, message):
         return
     with pytest.raises(ServesimError, match=message):
         validate_parallelism(model, Parallelism(tp, pp))
+
+
+def test_fp8_kv_cache_doubles_the_tokens_the_pool_holds():
+    model, gpu, par = get_model("llama3-70b"), get_gpu("H200"), Parallelism(1)
+    cfg = default_engine_config("vllm", gpu, par)
+    bf16 = engine_memory_plan(model, gpu, par, cfg, weight_dtype="fp8")
+    fp8 = engine_memory_plan(model, gpu, par, cfg.with_overrides(kv_cache_dtype="fp8"), weight_dtype="fp8")
+    assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token / 2
+    assert fp8.kv_cache_bytes == bf16.kv_cache_bytes
+    assert abs(fp8.kv_tokens - 2 * bf16.kv_tokens) <= cfg.block_size

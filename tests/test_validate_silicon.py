@@ -42,6 +42,7 @@ def test_row_maps_to_its_setup(rows: pd.DataFrame) -> None:
         "qwen3-32b", "H100-SXM", "sglang", 8, 1, "bf16")
     # aiconfigurator's collection: fixed lengths, a closed loop of 16 clients, 10 requests each.
     assert case.concurrency == 16 and case.workload.concurrency == 16
+    assert case.kv_cache_dtype == "auto" and case.max_num_seqs is None
     assert len(case.workload) == 160
     assert set(case.workload.prompt_tokens) == {1024} and set(case.workload.output_tokens) == {128}
 
@@ -51,6 +52,7 @@ def test_inferencex_rows_draw_lengths_like_its_benchmark(rows: pd.DataFrame) -> 
     row = rows[inferencex & (rows["model"] == "meta-llama/Llama-3.1-70B")].iloc[0].to_dict()
     case = silicon_case(row)
     assert case.dtype == "fp8" and case.preset == "llama3.1-70b"
+    assert case.kv_cache_dtype == "fp8" and case.max_num_seqs == row["concurrency"]  # its launch scripts' flags
     prompt, output = case.workload.prompt_tokens, case.workload.output_tokens
     assert prompt.max() <= row["isl"] and prompt.min() >= int(0.8 * row["isl"])
     assert output.max() <= row["osl"] and output.min() >= int(0.8 * row["osl"])

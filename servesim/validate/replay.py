@@ -64,6 +64,8 @@ class ServingCase:
     measured_tpot_ms: float
     source: str = ""
     extra: Mapping[str, object] = field(default_factory=dict)  # source-specific columns carried to the output
+    kv_cache_dtype: str = "auto"  # the server's --kv-cache-dtype
+    max_num_seqs: int | None = None  # the server's --max-num-seqs / --max-running-requests (None: the default)
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class StepModels:
         self._models: dict[tuple, StepTimeModel] = {}
 
     def get(self, case: ServingCase) -> StepTimeModel:
-        key = (case.engine, case.preset, case.gpu, case.tp, case.pp, case.dtype)
+        key = (case.engine, case.preset, case.gpu, case.tp, case.pp, case.dtype, case.kv_cache_dtype)
         if key not in self._models:
             from servesim.hardware import get_gpu
             from servesim.models import get_model
@@ -97,6 +99,7 @@ class StepModels:
             self._models[key] = StepTimeModel(
                 case.engine, get_model(case.preset), get_gpu(case.gpu), Parallelism(case.tp, case.pp),
                 self.estimator, case.dtype, overhead=self.overheads.get(case.engine),
+                kv_cache_dtype=case.kv_cache_dtype,
             )
         return self._models[key]
 
@@ -108,7 +111,8 @@ def simulate_case(case: ServingCase, step_model: StepTimeModel) -> SimulationRes
     from servesim.serving.simulator import simulate
 
     validate_parallelism(step_model.model, step_model.par)
-    cfg = default_engine_config(case.engine, step_model.gpu, step_model.par)
+    cfg = default_engine_config(case.engine, step_model.gpu, step_model.par).with_overrides(
+        kv_cache_dtype=step_model.kv_cache_dtype, max_num_seqs=case.max_num_seqs)
     return simulate(step_model.model, step_model.gpu, step_model.par, cfg, case.workload, step_model=step_model)
 
 
@@ -128,6 +132,7 @@ def case_row(case: ServingCase, summary: Mapping[str, float]) -> dict[str, objec
         "ttft_error": _error(ttft, case.measured_ttft_ms),
         "measured_tpot_ms": case.measured_tpot_ms, "predicted_tpot_ms": tpot,
         "tpot_error": _error(tpot, case.measured_tpot_ms),
+        "kv_cache_dtype": case.kv_cache_dtype,
         "mean_batch_size": summary["mean_batch_size"], "preemptions": summary["preemptions"],
         **case.extra, "source": case.source,
     }

@@ -35,16 +35,24 @@ _GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp
 
 @dataclass(frozen=True)
 class BenchmarkProtocol:
-    """How the benchmark client drew requests: ``requests_per_client`` × concurrency requests, each length uniform
-    over ``[length_ratio × nominal, nominal]`` (``length_ratio = 1``: fixed lengths)."""
+    """How a run was made. The client: ``requests_per_client`` × concurrency requests, each length uniform over
+    ``[length_ratio × nominal, nominal]`` (``length_ratio = 1``: fixed lengths). The server: the KV-cache dtype its
+    launch passed (``auto`` when it passed none) and whether it capped the running requests at the concurrency."""
 
     name: str
     requests_per_client: int
     length_ratio: float
+    kv_cache_dtype: str
+    max_num_seqs_is_concurrency: bool
 
 
-INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8)
-AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0)
+#: InferenceX's vLLM launch scripts of these rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
+#: ``70b_fp8_h200_slurm.sh``) write ``kv-cache-dtype: fp8`` into the server's config.yaml and pass
+#: ``--max-num-seqs $CONC``.
+INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="fp8",
+                               max_num_seqs_is_concurrency=True)
+AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
+                                   max_num_seqs_is_concurrency=False)
 
 
 def protocol_for(source: str) -> BenchmarkProtocol:
@@ -132,6 +140,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         dtype=_GEMM_QUANT_DTYPES[quant], tp=int(row["tp"]), pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
+        kv_cache_dtype=protocol.kv_cache_dtype,
+        max_num_seqs=concurrency if protocol.max_num_seqs_is_concurrency else None,
     )
 
 

@@ -52,15 +52,16 @@ _GRAPH_LAUNCH_US = 15.0
 #: (engine, version) -> constants. ``step_us`` and ``per_seq_us`` were fitted by
 #: ``scripts/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
 #: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 and InferenceX runs; SGLang: 0.5.1.post1 and 0.5.8.post1)
-#: and checked on the H200 rows (docs/validation.md). They absorb what the kernel estimator leaves out of a step,
-#: so they are refitted whenever the default estimator or its weights change.
+#: and checked on the H200 rows (docs/validation.md), the InferenceX rows with the FP8 KV cache their launch scripts
+#: set. They absorb what the kernel estimator leaves out of a step, so they are refitted whenever the default
+#: estimator or its weights change.
 HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
     {
         ("vllm", "0.11.0"): HostOverhead(
-            step_us=333.0, per_seq_us=12.987, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=426.8, per_seq_us=16.723, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
         ("sglang", "0.5.3"): HostOverhead(
-            step_us=423.6, per_seq_us=20.181, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=460.0, per_seq_us=20.241, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
     }
 )

@@ -221,6 +221,17 @@ def test_run_stops_early_only_when_its_percentile_fails(step_models):
     np.testing.assert_array_equal(again.token_times_s, full.token_times_s)
 
 
+def test_fp8_kv_cache_holds_twice_the_tokens_and_must_match_the_step_model(step_models):
+    workload = build_workload("fixed:512:16", 4, arrival="burst")
+    base = default_engine_config("vllm", GPU, TP1)
+    fp8 = base.with_overrides(kv_cache_dtype="fp8")
+    tokens = {cfg.kv_cache_dtype: simulate(MODEL, GPU, TP1, cfg, workload, estimator="roofline").info[
+        "kv_tokens_per_replica"] for cfg in (base, fp8)}
+    assert 1.95 < tokens["fp8"] / tokens["auto"] < 2.05
+    with pytest.raises(ServesimError, match="kv_cache_dtype"):
+        simulate(MODEL, GPU, TP1, fp8, workload, step_model=step_models["vllm"])
+
+
 def test_metric_definitions(step_models):
     workload = build_workload("fixed:128:10", 3, arrival="burst")
     result = run(step_models, "vllm", workload)

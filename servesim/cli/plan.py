@@ -11,6 +11,7 @@ import click
 from servesim.cli.output import Column, emit, output_format_options
 from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
+from servesim.kernels.expand import KV_CACHE_DTYPES
 
 QUICK_COLUMNS = (
     Column("gpu", "GPU", align="<"),
@@ -157,7 +158,8 @@ def _header(request, slos_default: bool, estimator_label: str, executor_text: st
     target = f"target {request.target:g} {unit}" if request.target is not None else "no target load (1 replica each)"
     budget = f", budget {request.gpu_budget} GPUs" if request.gpu_budget is not None else ""
     return (
-        f"{request.model.name} ({request.dtype}) with {request.engine}: capacity per replica within "
+        f"{request.model.name} ({request.dtype}{', fp8 KV cache' if request.kv_cache_dtype == 'fp8' else ''}) with "
+        f"{request.engine}: capacity per replica within "
         f"{slo_list(request.slos)}{' (default SLOs)' if slos_default else ''}\n"
         f"workload {workload.name}: {len(workload):,} requests (mean {workload.prompt_tokens.mean():,.0f} prompt + "
         f"{workload.output_tokens.mean():,.0f} output tokens), {workload.arrival_process} arrivals, seed "
@@ -197,6 +199,7 @@ def _slo_options(func):
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), help="Token budget per step / prefill chunk size; engine default if unset.")
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")
+@click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True, help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token).")
 @click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
 @click.option("-n", "--num-requests", type=click.IntRange(min=1), default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
 @click.option("--arrival", type=click.Choice(("poisson", "trace")), default=None, help="Arrival process whose rate is searched: poisson, or the profile's or trace's own gaps rescaled [default: poisson].")
@@ -217,7 +220,7 @@ def _slo_options(func):
 @click.option("--output-len", type=click.IntRange(min=1), default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                 memory_fraction, source, num_requests, arrival, seed, qps, concurrency, tolerance, gpu_budget,
+                 memory_fraction, kv_cache_dtype, source, num_requests, arrival, seed, qps, concurrency, tolerance, gpu_budget,
                  prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len, output_len,
                  output_format, **slo_limits) -> None:
     """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
@@ -256,7 +259,7 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
         dtype=dtype,
         estimator=estimator,
         engine_overrides=(("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                          ("memory_fraction", memory_fraction)),
+                          ("memory_fraction", memory_fraction), ("kv_cache_dtype", kv_cache_dtype)),
         mode=mode,
         target=qps if mode == "qps" else concurrency,
         tolerance=tolerance,

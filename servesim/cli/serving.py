@@ -10,6 +10,7 @@ import click
 from servesim.cli.output import Column, emit, output_format_options
 from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
+from servesim.kernels.expand import KV_CACHE_DTYPES
 
 LATENCY_COLUMNS = (
     Column("metric", "metric", align="<"),
@@ -37,13 +38,15 @@ def _engine_options(func):
                      help="vLLM token budget per step / SGLang chunked_prefill_size [default: the engine's]."),
         click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help="vLLM gpu_memory_utilization / SGLang mem_fraction_static [default: the engine's]."),
+        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
+                     help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token)."),
     )):
         func = option(func)
     return func
 
 
 def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-           gpu_memory_utilization):
+           gpu_memory_utilization, kv_cache_dtype):
     from servesim.estimator import get_estimator
     from servesim.hardware import get_gpu
     from servesim.models import get_model
@@ -55,8 +58,9 @@ def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, 
     validate_parallelism(model, par)
     cfg = default_engine_config(engine, gpu, par).with_overrides(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        memory_fraction=gpu_memory_utilization)
-    return model, gpu, par, cfg, StepTimeModel(engine, model, gpu, par, get_estimator(estimator), dtype)
+        memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype)
+    return model, gpu, par, cfg, StepTimeModel(engine, model, gpu, par, get_estimator(estimator), dtype,
+                                               kv_cache_dtype=kv_cache_dtype)
 
 
 def parse_slos(text: str) -> dict[str, float]:
@@ -101,7 +105,7 @@ def _latency_rows(summary: dict) -> list[dict]:
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                     gpu_memory_utilization, source, num_requests, qps, concurrency, arrival, seed, replicas, router,
+                     gpu_memory_utilization, kv_cache_dtype, source, num_requests, qps, concurrency, arrival, seed, replicas, router,
                      goodput_text, requests_csv, trace_path, output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
 
@@ -113,7 +117,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     from servesim.workloads import build_workload
 
     model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
-                                              max_num_batched_tokens, gpu_memory_utilization)
+                                              max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival)
     result = simulate(model, gpu, par, cfg, workload, step_model=step_model, replicas=replicas, router=router,
@@ -127,7 +131,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
         from servesim.serving.trace import write_chrome_trace
 
         write_chrome_trace(result, trace_path)
-    title = (f"{model.name} on {replicas} x {par} {gpu.name}, {cfg.engine} {cfg.version}, {workload.name}: "
+    kv = ", fp8 KV cache" if cfg.kv_cache_dtype == "fp8" else ""
+    title = (f"{model.name} on {replicas} x {par} {gpu.name}, {cfg.engine} {cfg.version}{kv}, {workload.name}: "
              f"{len(workload)} requests, {workload.arrival_mode} arrivals"
              + (f" (concurrency {workload.concurrency})" if workload.concurrency else ""))
     notes = [
@@ -151,7 +156,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
 @click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True)
 @output_format_options
 def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                    gpu_memory_utilization, batch_size, input_len, output_len, output_format) -> None:
+                    gpu_memory_utilization, kv_cache_dtype, batch_size, input_len, output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
 
     \b
@@ -161,7 +166,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
     from servesim.workloads import build_workload
 
     model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
-                                              max_num_batched_tokens, gpu_memory_utilization)
+                                              max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")
     result = simulate(model, gpu, par, cfg, workload, step_model=step_model)
     summary = result.summary()

@@ -102,7 +102,8 @@ def estimate_gpu(
     if loaded == 0:
         return base
 
-    steps = step_model or StepTimeModel(engine.engine, model, gpu, par, estimator, dtype)
+    steps = step_model or StepTimeModel(engine.engine, model, gpu, par, estimator, dtype,
+                                        kv_cache_dtype=engine.kv_cache_dtype)
     prefill_us = sum(steps.step_time_us(b).latency_us for b in prefill_chunks(input_len, engine.max_num_batched_tokens))
     mid_context = input_len + output_len // 2
     tpot1_us = steps.step_time_us(BatchSpec(decodes=(mid_context,))).latency_us

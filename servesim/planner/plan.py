@@ -47,11 +47,15 @@ class PlanRequest:
     pp: int | None = None
     dtype: str = "bf16"
     estimator: str = DEFAULT_ESTIMATOR
-    engine_overrides: tuple[tuple[str, int | float | None], ...] = ()  # EngineConfig.with_overrides arguments
+    engine_overrides: tuple[tuple[str, int | float | str | None], ...] = ()  # EngineConfig.with_overrides arguments
     mode: str = "qps"  # qps | concurrency
     target: float | None = None  # requests/s (qps) or clients (concurrency) to serve in total
     tolerance: float = 0.05
     gpu_budget: int | None = None
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return dict(self.engine_overrides).get("kv_cache_dtype") or "auto"
 
     def engine_config(self, gpu: GpuSpec, par: Parallelism) -> EngineConfig:
         return default_engine_config(self.engine, gpu, par).with_overrides(**dict(self.engine_overrides))
@@ -397,6 +401,7 @@ def plan_payload(plan: Plan, estimator_label: str) -> dict:
         "schema_version": SCHEMA_VERSION,
         "model": request.model.name,
         "dtype": request.dtype,
+        "kv_cache_dtype": request.kv_cache_dtype,
         "engine": request.engine,
         "estimator": request.estimator,
         "estimator_label": estimator_label,

@@ -247,7 +247,8 @@ class _Bracket:
 def search_capacity(task: OptionTask) -> OptionResult:
     """Find the option's capacity under the task's SLOs (see the module docstring)."""
     estimator = get_estimator(task.estimator)
-    steps = StepTimeModel(task.engine.engine, task.model, task.gpu, task.par, estimator, task.dtype)
+    steps = StepTimeModel(task.engine.engine, task.model, task.gpu, task.par, estimator, task.dtype,
+                          kv_cache_dtype=task.engine.kv_cache_dtype)
     mean_prompt = float(task.workload.prompt_tokens.mean())
     mean_output = float(task.workload.output_tokens.mean())
     estimate = estimate_gpu(task.model, task.gpu, task.par, task.engine, estimator, max(1, round(mean_prompt)),

@@ -140,7 +140,11 @@ def simulate(
     if step_model is None:
         from servesim.estimator import get_estimator
 
-        step_model = StepTimeModel(engine_cfg.engine, model, gpu, par, get_estimator(estimator))
+        step_model = StepTimeModel(engine_cfg.engine, model, gpu, par, get_estimator(estimator),
+                                   kv_cache_dtype=engine_cfg.kv_cache_dtype)
+    elif step_model.kv_cache_dtype != engine_cfg.kv_cache_dtype:
+        raise ServesimError(f"the step-time model times a {step_model.kv_cache_dtype} KV cache but the engine stores "
+                            f"it in {engine_cfg.kv_cache_dtype}; build both with the same kv_cache_dtype")
     kv_dtype = "fp8" if step_model.dtype.startswith("fp8") else step_model.dtype
     plan = engine_memory_plan(model, gpu, par, engine_cfg, weight_dtype=kv_dtype)
     if not plan.fits:
@@ -161,6 +165,7 @@ def simulate(
         "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": engine_cfg.engine,
         "engine_version": engine_cfg.version, "max_num_batched_tokens": engine_cfg.max_num_batched_tokens,
         "max_num_seqs": engine_cfg.max_num_seqs, "memory_fraction": engine_cfg.memory_fraction,
+        "kv_cache_dtype": engine_cfg.kv_cache_dtype,
         "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
     }

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from servesim.errors import ServesimError
 from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.models import get_model
@@ -273,8 +274,6 @@ def test_latency_cli_mirrors_vllm_bench_latency():
 
 
 def test_request_too_long_for_the_cache_is_a_clear_error(step_models):
-    from servesim.errors import ServesimError
-
     workload = make_workload([1_000_000], [10])
     with pytest.raises(ServesimError, match="KV cache"):
         run(step_models, "vllm", workload)

@@ -11,7 +11,7 @@ against which the estimator learns efficiency = theoretical / measured.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -153,14 +153,15 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     share = dram_fraction(np.array([x.bytes_moved() for x in kernels]), totals["l2"])
     totals["xu"] = np.zeros(len(m))
     totals["dram"] = totals["l2"] * share
+    # SM 0 runs tasks 0, S, 2S, ...: every wave of every kernel at once, kernels down the rows.
+    j = np.arange(int(-(-tasks.max() // sm_count)))[None, :] * sm_count
+    valid = j < tasks[:, None]
+    by_row = replace(t, **{f.name: getattr(t, f.name)[:, None] for f in fields(t)
+                           if np.ndim(getattr(t, f.name)) == 1})
+    _, _, _, rows, cols, depth, last = tile_coords(np.where(valid, j, 0), m[:, None], n[:, None], k[:, None], by_row)
+    demand = tile_demand(by_row, rows, cols, depth, last, first.bias)
     sm = {p: np.zeros(len(m)) for p in PIPES}
-    for wave in range(int(-(-tasks.max() // sm_count))):
-        j = np.full_like(m, wave * sm_count)
-        valid = j < tasks
-        _, _, _, rows, cols, depth, last = tile_coords(np.where(valid, j, 0), m, n, k, t)
-        demand = tile_demand(t, rows, cols, depth, last, first.bias)
-        for p, v in demand.items():
-            sm[p] += np.where(valid, v, 0.0)
+    sm.update({p: np.where(valid, v, 0.0).sum(axis=1) for p, v in demand.items()})
     sm["dram"] = sm["l2"] * share
     feats = _demand_features(sm, totals, rates, sm_count)
     issued = full_tile_demand(t, np.ones_like(m))

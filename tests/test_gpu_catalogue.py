@@ -64,7 +64,7 @@ def test_figures_are_plausible(spec):
         assert spec.has_nvlink
     assert spec.gpus_per_node in (8, 72)
     assert spec.registers_per_sm == 65536
-    assert spec.xu_ops_per_sm_per_cycle == 16
+    assert spec.xu_ops_per_sm_per_cycle == (32 if spec.compute_capability == "10.3" else 16)
     assert spec.fma_flops_per_sm_per_cycle == (128 if spec.compute_capability == "8.0" else 256)
     assert set(spec.tensor_flops_per_sm_per_cycle) <= set(TENSOR_DTYPES)
     assert all(v > 0 for v in spec.tensor_flops_per_sm_per_cycle.values())

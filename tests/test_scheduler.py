@@ -20,6 +20,27 @@ def test_round_robin_places_every_task_once_on_a_real_sm(durations, sm_count, ct
     assert len(sm) == len(durations) and (len(sm) == 0 or (sm.min() >= 0 and sm.max() < sm_count))
 
 
+def _earliest_free_slot_one_task_at_a_time(durations: np.ndarray, sm_count: int, ctas_per_sm: int) -> list[int]:
+    """The definition of the hardware scheduler: the first CTAs fill one slot per SM per round, then each CTA
+    takes the slot that frees first (ties: earliest round, then lowest SM)."""
+    slots = [(0.0, j // sm_count, j % sm_count) for j in range(sm_count * ctas_per_sm)]
+    sm = []
+    for j, duration in enumerate(durations.tolist()):
+        k = j if j < len(slots) else min(range(len(slots)), key=lambda i: slots[i])
+        finish, slot, s = slots[k]
+        sm.append(s)
+        slots[k] = (finish + duration, slot, s)
+    return sm
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.25, 40.0]), max_size=120), st.integers(1, 12), st.integers(1, 3))
+def test_round_robin_gives_each_cta_the_slot_that_frees_first(durations, sm_count, ctas_per_sm):
+    d = np.array(durations)
+    assert round_robin(d, sm_count, ctas_per_sm).tolist() == _earliest_free_slot_one_task_at_a_time(
+        d, sm_count, ctas_per_sm)
+
+
 def test_round_robin_first_rounds_one_cta_per_sm_then_freed_slots():
     sm = round_robin(np.array([5.0, 1.0, 9.0, 2.0, 1.0, 1.0]), sm_count=3, ctas_per_sm=1)
     # tasks 0..2 on SMs 0..2; SM 1 frees at t=1, 3 and 4, each time before SM 0 (t=5), so it takes tasks 3..5

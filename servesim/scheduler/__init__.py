@@ -42,17 +42,17 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
     n = len(duration_cycles)
     if n == 0 or np.all(duration_cycles == duration_cycles[0]):
         return np.arange(n) % sm_count
-    slots = sm_count * ctas_per_sm
-    sm = np.empty(n, dtype=np.int64)
-    first = min(n, slots)
-    sm[:first] = np.arange(first) % sm_count
-    heap = [(float(duration_cycles[j]), j // sm_count, j % sm_count) for j in range(first)]
+    first = min(n, sm_count * ctas_per_sm)
+    durations = duration_cycles.tolist()
+    sm = [j % sm_count for j in range(first)]
+    heap = [(durations[j], j // sm_count, j % sm_count) for j in range(first)]
     heapq.heapify(heap)
-    for j in range(first, n):
-        finish, slot, s = heapq.heappop(heap)
-        sm[j] = s
-        heapq.heappush(heap, (finish + float(duration_cycles[j]), slot, s))
-    return sm
+    replace = heapq.heapreplace
+    for duration in durations[first:]:  # each to the slot that frees first
+        finish, slot, s = heap[0]
+        sm.append(s)
+        replace(heap, (finish + duration, slot, s))
+    return np.array(sm, dtype=np.int64)
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
@@ -89,13 +89,15 @@ def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
 
 def _min_heap_by_task(duration_cycles: np.ndarray, order: np.ndarray, grid_ctas: int) -> np.ndarray:
     """:func:`min_heap` one task at a time, for launches whose durations are mostly distinct."""
-    cta = np.empty(len(duration_cycles), dtype=np.int64)
+    cta = [0] * len(duration_cycles)
     heap = [(0.0, c) for c in range(max(grid_ctas, 1))]
-    for j in order:
-        load, c = heapq.heappop(heap)
+    durations = duration_cycles.tolist()
+    replace = heapq.heapreplace
+    for j in order.tolist():
+        load, c = heap[0]
         cta[j] = c
-        heapq.heappush(heap, (load + float(duration_cycles[j]), c))
-    return cta
+        replace(heap, (load + durations[j], c))
+    return np.array(cta, dtype=np.int64)
 
 
 def static_persistent(n_tasks: int, grid_ctas: int) -> np.ndarray:

@@ -48,10 +48,16 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
     heap = [(durations[j], j // sm_count, j % sm_count) for j in range(first)]
     heapq.heapify(heap)
     replace = heapq.heapreplace
-    for duration in durations[first:]:  # each to the slot that frees first
+    # Each later CTA takes the slot that frees first. An empty CTA (the blocks of a varlen grid past a short
+    # sequence) frees it again at once, so a run of them all land on that slot and leave the heap as it was.
+    done = first
+    for j in (first + np.flatnonzero(duration_cycles[first:])).tolist():
+        sm.extend([heap[0][2]] * (j - done))
         finish, slot, s = heap[0]
         sm.append(s)
-        replace(heap, (finish + duration, slot, s))
+        replace(heap, (finish + durations[j], slot, s))
+        done = j + 1
+    sm.extend([heap[0][2]] * (n - done))
     return np.array(sm, dtype=np.int64)
 
 

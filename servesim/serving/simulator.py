@@ -32,7 +32,7 @@ from servesim.serving.router import make_router
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import RequestState, Step, finish_step
-from servesim.serving.step_cache import decode_step_time_us, round_length, step_time_us
+from servesim.serving.step_cache import DecodeSpan, decode_grid_low, decode_span, step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
@@ -51,15 +51,16 @@ class _Replica:
         self.flights: list[tuple[float, Step]] = []  # (end time, step) of micro-batches in flight, in order
         self.cpu_free_s = 0.0
         self.stage_free_s = [0.0] * self.pp
-        self._decode_times: dict[tuple[int, int], tuple[float, tuple[float, ...]]] = {}
+        self._decode_spans: dict[tuple[int, int], DecodeSpan] = {}
 
     def decode_time_us(self, num_decodes: int, context_tokens: int) -> tuple[float, tuple[float, ...]]:
-        """:func:`decode_step_time_us`, memoised here by its representative batch."""
-        key = (num_decodes, round_length(context_tokens // num_decodes))
-        times = self._decode_times.get(key)
-        if times is None:
-            times = self._decode_times[key] = decode_step_time_us(self.step_model, num_decodes, context_tokens)
-        return times
+        """:func:`decode_step_time_us`, its grid times memoised here."""
+        context = context_tokens // num_decodes
+        key = (num_decodes, decode_grid_low(context))
+        span = self._decode_spans.get(key)
+        if span is None:
+            span = self._decode_spans[key] = decode_span(self.step_model, num_decodes, context)
+        return span.at(context)
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is

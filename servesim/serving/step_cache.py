@@ -3,9 +3,10 @@
 Decode contexts change every step and prompt lengths every request, so a cache keyed by the exact batch would
 almost never hit. The simulator asks :class:`StepTimeModel` about representative batches instead:
 
-- the ``n`` decodes all at their mean context, rounded to the nearest value with :data:`DECODE_BITS`
-  significant bits (steps of at most 1/16 of the value: 1024, 1088, 1152, …). In a decode-only step ``n`` stays
-  exact, since CUDA-graph padding and GEMM shapes depend on it;
+- the ``n`` decodes all at their mean context, the time interpolated linearly between the grid values of
+  :data:`DECODE_BITS` significant bits around it (steps of at most 1/8 of the value: 1024, 1152, 1280, …;
+  attention reads keys in proportion to the context). In a decode-only step ``n`` stays exact, since CUDA-graph
+  padding and GEMM shapes depend on it;
 - with prompt chunks in the step, the time is interpolated bilinearly between the four batches with every chunk
   rounded down or up to :data:`PREFILL_BITS` significant bits and the number of decodes rounded down or up to
   :data:`COUNT_BITS` significant bits (such steps run outside CUDA graphs, and their time is close to linear in
@@ -18,12 +19,14 @@ gives the measured error of this approximation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.serving.state import Step
 from servesim.serving.step_time import StepTime, StepTimeModel
 
 EXACT_BELOW = 64
-DECODE_BITS = 4
+DECODE_BITS = 3
 PREFILL_BITS = 3
 EXACT_COUNT_BELOW = 2
 COUNT_BITS = 2
@@ -50,18 +53,51 @@ def grid_bounds(tokens: int, bits: int = PREFILL_BITS, exact_below: int = EXACT_
     return low, low if low == tokens else low + step
 
 
-def _decodes(step: Step, bits: int) -> tuple[int, ...]:
-    n = step.num_decodes
-    return (round_length(step.decode_context_tokens // n, bits),) * n if n else ()
+@dataclass(frozen=True)
+class DecodeSpan:
+    """Times of ``n`` decodes at the two grid contexts around a mean context, to interpolate between: every mean
+    context from ``low_context`` up to the next grid value shares one."""
+
+    low_context: int
+    span: int  # to the next grid value; 0 for exact contexts
+    overhead_us: float
+    stage_us: tuple[float, ...]
+    overhead_delta_us: float
+    stage_delta_us: tuple[float, ...]
+
+    def at(self, context: int) -> tuple[float, tuple[float, ...]]:
+        """``(host overhead, per-stage GPU time)``, µs, at mean context ``context``."""
+        w = (context - self.low_context) / self.span if self.span else 0.0
+        return (self.overhead_us + w * self.overhead_delta_us,
+                tuple(a + w * d for a, d in zip(self.stage_us, self.stage_delta_us)))
+
+
+def decode_grid_low(context: int) -> int:
+    """The grid context at or below ``context`` (itself up to :data:`EXACT_BELOW`)."""
+    if context <= EXACT_BELOW:
+        return context
+    step = _grid_step(context, DECODE_BITS)
+    return context // step * step
+
+
+def decode_span(step_model: StepTimeModel, num_decodes: int, context: int) -> DecodeSpan:
+    """The :class:`DecodeSpan` of ``num_decodes`` decodes at mean context ``context``."""
+    low = decode_grid_low(context)
+    at_low = step_model.step_time_us(BatchSpec(decodes=(low,) * num_decodes))
+    if context <= EXACT_BELOW:
+        return DecodeSpan(low, 0, at_low.overhead_us, at_low.stage_us, 0.0, (0.0,) * len(at_low.stage_us))
+    span = _grid_step(context, DECODE_BITS)
+    at_high = step_model.step_time_us(BatchSpec(decodes=(low + span,) * num_decodes))
+    return DecodeSpan(low, span, at_low.overhead_us, at_low.stage_us, at_high.overhead_us - at_low.overhead_us,
+                      tuple(b - a for a, b in zip(at_low.stage_us, at_high.stage_us)))
 
 
 def decode_step_time_us(step_model: StepTimeModel, num_decodes: int,
                         context_tokens: int) -> tuple[float, tuple[float, ...]]:
     """``(host overhead, per-stage GPU time)``, µs, of a step of ``num_decodes`` decodes holding
     ``context_tokens`` in total."""
-    context = round_length(context_tokens // num_decodes, DECODE_BITS)
-    time = step_model.step_time_us(BatchSpec(decodes=(context,) * num_decodes))
-    return time.overhead_us, time.stage_us
+    context = context_tokens // num_decodes
+    return decode_span(step_model, num_decodes, context).at(context)
 
 
 def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[float, ...]]:

@@ -58,10 +58,10 @@ _GRAPH_LAUNCH_US = 15.0
 HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
     {
         ("vllm", "0.11.0"): HostOverhead(
-            step_us=426.8, per_seq_us=16.723, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=419.6, per_seq_us=16.642, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
         ("sglang", "0.5.3"): HostOverhead(
-            step_us=460.0, per_seq_us=20.241, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=441.6, per_seq_us=20.191, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
     }
 )

@@ -15,6 +15,7 @@ run in one go (servesim/serving/fast_forward.py), with the same results.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -246,9 +247,9 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
 
 def _result(states: list[RequestState], replica_of: list[int], log: list[tuple], kv_capacity: int,
             info: dict) -> SimulationResult:
-    counts = np.array([len(s.token_times_s) for s in states], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    times = np.fromiter((t for s in states for t in s.token_times_s), dtype=np.float64, count=int(offsets[-1]))
+    token_times = [s.token_times_s for s in states]
+    offsets = np.concatenate([[0], np.cumsum(np.fromiter(map(len, token_times), dtype=np.int64, count=len(states)))])
+    times = np.fromiter(itertools.chain.from_iterable(token_times), dtype=np.float64, count=int(offsets[-1]))
     log.sort(key=lambda entry: entry[0])  # replica by replica (stable: each in its launch order)
     columns = list(zip(*log)) if log else [()] * 8
     steps = StepRecord(

@@ -52,7 +52,8 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
     # sequence) frees it again at once, so a run of them all land on that slot and leave the heap as it was.
     done = first
     for j in (first + np.flatnonzero(duration_cycles[first:])).tolist():
-        sm.extend([heap[0][2]] * (j - done))
+        if j > done:
+            sm.extend([heap[0][2]] * (j - done))
         finish, slot, s = heap[0]
         sm.append(s)
         replace(heap, (finish + durations[j], slot, s))

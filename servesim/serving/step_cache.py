@@ -36,7 +36,7 @@ def _grid_step(tokens: int, bits: int) -> int:
     return 1 << max(0, tokens.bit_length() - bits)
 
 
-def round_length(tokens: int, bits: int = DECODE_BITS) -> int:
+def round_length(tokens: int, bits: int) -> int:
     """``tokens`` rounded to the nearest value with ``bits`` significant bits (exact up to :data:`EXACT_BELOW`)."""
     if tokens <= EXACT_BELOW:
         return tokens
@@ -74,10 +74,7 @@ class DecodeSpan:
 
 def decode_grid_low(context: int) -> int:
     """The grid context at or below ``context`` (itself up to :data:`EXACT_BELOW`)."""
-    if context <= EXACT_BELOW:
-        return context
-    step = _grid_step(context, DECODE_BITS)
-    return context // step * step
+    return grid_bounds(context, DECODE_BITS)[0]
 
 
 def decode_span(step_model: StepTimeModel, num_decodes: int, context: int) -> DecodeSpan:
@@ -124,19 +121,19 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
 
     def along_tokens(count: int) -> tuple[float, tuple[float, ...]]:
         low = corner(False, count)
+        low_times = low.overhead_us, low.stage_us
         if not w_tokens:
-            return low.overhead_us, low.stage_us
-        return _mix(low, corner(True, count), w_tokens)
+            return low_times
+        high = corner(True, count)
+        return _mix(low_times, (high.overhead_us, high.stage_us), w_tokens)
 
     low = along_tokens(count_bounds[0])
     if not w_count:
         return low
-    high = along_tokens(count_bounds[1])
-    return (low[0] + w_count * (high[0] - low[0]),
-            tuple(a + w_count * (b - a) for a, b in zip(low[1], high[1])))
+    return _mix(low, along_tokens(count_bounds[1]), w_count)
 
 
-def _mix(low: StepTime, high: StepTime, weight: float) -> tuple[float, tuple[float, ...]]:
-    """``low`` moved ``weight`` of the way to ``high``: (host overhead, per-stage times)."""
-    return (low.overhead_us + weight * (high.overhead_us - low.overhead_us),
-            tuple(a + weight * (b - a) for a, b in zip(low.stage_us, high.stage_us)))
+def _mix(low: tuple[float, tuple[float, ...]], high: tuple[float, tuple[float, ...]],
+         weight: float) -> tuple[float, tuple[float, ...]]:
+    """``low`` moved ``weight`` of the way to ``high``, both ``(host overhead, per-stage times)``."""
+    return low[0] + weight * (high[0] - low[0]), tuple(a + weight * (b - a) for a, b in zip(low[1], high[1]))

@@ -147,8 +147,8 @@ def simulate(
     elif step_model.kv_cache_dtype != engine_cfg.kv_cache_dtype:
         raise ServesimError(f"the step-time model times a {step_model.kv_cache_dtype} KV cache but the engine stores "
                             f"it in {engine_cfg.kv_cache_dtype}; build both with the same kv_cache_dtype")
-    kv_dtype = "fp8" if step_model.dtype.startswith("fp8") else step_model.dtype
-    plan = engine_memory_plan(model, gpu, par, engine_cfg, weight_dtype=kv_dtype)
+    weight_dtype = "fp8" if step_model.dtype.startswith("fp8") else step_model.dtype
+    plan = engine_memory_plan(model, gpu, par, engine_cfg, weight_dtype=weight_dtype)
     if not plan.fits:
         raise ServesimError(
             f"{model.name} does not fit {gpu.name} with {par} under {engine_cfg.engine} (memory fraction "
@@ -157,12 +157,8 @@ def simulate(
     fleet = [_Replica(i, SCHEDULERS[engine_cfg.engine](engine_cfg, plan.kv_tokens), step_model)
              for i in range(replicas)]
     _check_fits(fleet[0].scheduler, workload)
-    try:
-        states, replica_of, log = _run(fleet, workload, make_router(router, seed), fast_forward_decodes,
-                                         ViolationCounter(stop_rules) if stop_rules else None)
-    except StoppedEarly as stop:
-        stop.peak_kv_occupancy = stop.peak_kv_tokens / fleet[0].scheduler.kv_capacity_tokens
-        raise
+    states, replica_of, log = _run(fleet, workload, make_router(router, seed), fast_forward_decodes,
+                                   ViolationCounter(stop_rules) if stop_rules else None)
     info = {
         "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": engine_cfg.engine,
         "engine_version": engine_cfg.version, "max_num_batched_tokens": engine_cfg.max_num_batched_tokens,
@@ -239,7 +235,7 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
                         push(replica, fast_forward(replica, horizon_s(replica), log))
                 ready.clear()
     except StoppedEarly as stop:
-        stop.peak_kv_tokens = max((entry[7] for entry in log), default=0)
+        stop.peak_kv_occupancy = max((entry[7] for entry in log), default=0) / fleet[0].scheduler.kv_capacity_tokens
         stop.preemptions = sum(state.preemptions for state in states if state is not None)
         raise
     return states, replica_of, log

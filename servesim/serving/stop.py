@@ -43,7 +43,6 @@ class StoppedEarly(Exception):
         self.rule = rule
         self.time_s = time_s
         # What the engine had done by then, filled in by the simulator.
-        self.peak_kv_tokens = 0
         self.peak_kv_occupancy = 0.0
         self.preemptions = 0
 

@@ -32,17 +32,16 @@ if TYPE_CHECKING:
 class _Batch:
     """One in-flight decode micro-batch being relaunched."""
 
-    __slots__ = ("step", "end_s", "context_tokens", "blocks", "launches", "limit", "times_s")
+    __slots__ = ("step", "end_s", "context_tokens", "blocks", "limit", "times_s")
 
     def __init__(self, step: Step, end_s: float, blocks: np.ndarray) -> None:
         self.step = step
         self.end_s = end_s
         self.context_tokens = step.decode_context_tokens + step.num_decodes  # at the next launch
         self.blocks = blocks.tolist()
-        self.launches = 0
         # Completions possible before one finishes a request (the in-flight step's completion is the first).
         self.limit = min(r.output - r.generated for r in step.requests) - 1
-        self.times_s: list[float] = []
+        self.times_s: list[float] = []  # its completions so far, each followed by a relaunch
 
 
 def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[tuple[float, Step]]:
@@ -66,7 +65,7 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         end_s = batch.end_s
         if end_s >= horizon_s or len(batch.times_s) >= batch.limit:
             break
-        blocks = batch.blocks[batch.launches % len(batch.blocks)]
+        blocks = batch.blocks[len(batch.times_s) % len(batch.blocks)]
         if blocks > scheduler.free:
             break
         moved = True
@@ -79,13 +78,12 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         start_s, batch.end_s = replica.occupy(end_s, overhead_us, stages_us)
         log.append((replica.index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
         batch.context_tokens += size
-        batch.launches += 1
         queue.append(batch)
     if not moved:
         return []
     replaced = []
     for batch in queue:
-        if batch.launches:
+        if batch.times_s:
             _commit(batch, scheduler)
             replaced.append((batch.end_s, batch.step))
     replica.flights = [(batch.end_s, batch.step) for batch in queue]
@@ -100,5 +98,5 @@ def _commit(batch: _Batch, scheduler) -> None:
         req.computed += done
         req.generated += done
         req.token_times_s.extend(batch.times_s)
-    scheduler.commit_decodes(requests, batch.launches)
+    scheduler.commit_decodes(requests, done)
     batch.step = make_step(list(requests), [1] * len(requests))

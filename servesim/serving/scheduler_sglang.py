@@ -81,8 +81,12 @@ class SglangScheduler:
         scheduler does until a request arrives or finishes (servesim/serving/fast_forward.py): every running
         request is in one of them, no prompt is part-way through, and no prefill batch can form because nothing
         waits or the running limit is reached (with room left, the shrinking reservation could admit one)."""
-        return (self.chunked is None and len(self.running) == sum(batch_sizes)
-                and (not self.waiting or len(self.running) >= self.max_running))
+        return len(self.running) == sum(batch_sizes) and self._no_prefill()
+
+    def _no_prefill(self) -> bool:
+        """No prefill batch can form: no prompt part-way through, and nothing waits or the running limit is
+        reached."""
+        return self.chunked is None and (not self.waiting or len(self.running) >= self.max_running)
 
     def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
         """Token slots that successive decode launches of requests at ``contexts`` take: one each, every launch."""
@@ -114,7 +118,7 @@ class SglangScheduler:
         return left * self.new_token_ratio
 
     def _prefill_step(self) -> Step | None:
-        if self.chunked is None and (not self.waiting or len(self.running) >= self.max_running):
+        if self._no_prefill():
             return None
         rem_chunk = self.chunk_size
         rem_total = self.free - self._reserved_tokens()

@@ -99,13 +99,17 @@ class VllmScheduler:
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return True
         head = self.waiting[0]
-        new = head.seq_len - head.computed
-        for size in batch_sizes:
-            budget = self.token_budget - size
-            if budget > 0 and (new <= budget or self.chunked_prefill) and \
-                    self._blocks_to_add(head, min(new, budget)) <= self.free:
-                return False
-        return True
+        return all(self._admission(head, self.token_budget - size) is None for size in batch_sizes)
+
+    def _admission(self, req: RequestState, budget: int) -> tuple[int, int] | None:
+        """(new tokens, blocks) with which the waiting ``req`` joins a step with ``budget`` tokens left, or None
+        when it cannot: no budget, an unchunkable prompt longer than it, or too few free blocks."""
+        new = req.seq_len - req.computed
+        if budget <= 0 or (new > budget and not self.chunked_prefill):
+            return None
+        new = min(new, budget)
+        need = self._blocks_to_add(req, new)
+        return None if need > self.free else (new, need)
 
     def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
         """Blocks that successive decode launches of requests at ``contexts`` (tokens cached at the first launch)
@@ -149,15 +153,12 @@ class VllmScheduler:
                 continue
             break  # this request could not get its blocks: V1 stops scheduling running requests
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            while self.waiting and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                new = req.seq_len - req.computed
-                if new > budget and not self.chunked_prefill:
+                admitted = self._admission(req, budget)
+                if admitted is None:
                     break
-                new = min(new, budget)
-                need = self._blocks_to_add(req, new)
-                if need > self.free:
-                    break
+                new, need = admitted
                 self._take(req, need)
                 self.waiting.popleft()
                 self.running.append(req)

@@ -404,15 +404,12 @@ def expand(
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
 
 
-@functools.lru_cache(maxsize=8192)
-def _expand_cached(
-    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
-    dtype: str, kv_cache_dtype: str,
-) -> StepKernels:
-    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
-    kv_heads = max(1, model.num_kv_heads // tp)
+def _context(
+    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
+    kv_cache_dtype: str, plan: GraphPlan,
+) -> _Ctx:
     act = "fp16" if dtype == "fp16" else "bf16"
-    ctx = _Ctx(
+    return _Ctx(
         engine=config,
         model=model,
         gpu=gpu,
@@ -424,8 +421,35 @@ def _expand_cached(
         tokens=plan.padded_tokens,
         backend=config.attention_backend(gpu.architecture),
         heads=model.num_attention_heads // tp,
-        kv_heads=kv_heads,
+        kv_heads=max(1, model.num_kv_heads // tp),
     )
+
+
+def layer_attention(
+    engine: str,
+    model: ModelConfig,
+    gpu: GpuSpec,
+    batch: BatchSpec,
+    tp: int = 1,
+    dtype: str = "bf16",
+    kv_cache_dtype: str = "auto",
+) -> tuple[Kernel, ...]:
+    """The attention kernels every layer of :func:`expand`'s step launches for ``batch``, without expanding the
+    rest of the step: they are the only kernels that depend on more of the batch than its token and request
+    counts, which lets step times be split into the two (servesim/serving/step_time.py)."""
+    config = get_engine(engine)
+    traits = gpu_traits(gpu, config.name, tp)
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
+    return tuple(_attention(_context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _expand_cached(
+    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
+    dtype: str, kv_cache_dtype: str,
+) -> StepKernels:
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
+    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan)
     layers = stage_layers(model.num_layers, pp, stage)
     body: dict[bool, tuple[Op, ...]] = {}  # layer body by "is MoE", built once (layer 0 differs, built apart)
     runs: list[OpRun] = [OpRun(None, tuple(_stage_input(ctx, stage)))]

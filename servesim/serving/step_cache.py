@@ -7,11 +7,14 @@ almost never hit. The simulator asks :class:`StepTimeModel` about representative
   :data:`DECODE_BITS` significant bits around it (steps of at most 1/8 of the value: 1024, 1152, 1280, …;
   attention reads keys in proportion to the context). In a decode-only step ``n`` stays exact, since CUDA-graph
   padding and GEMM shapes depend on it;
-- with prompt chunks in the step, the time is interpolated bilinearly between the four batches with every chunk
-  rounded down or up to :data:`PREFILL_BITS` significant bits and the number of decodes rounded down or up to
-  :data:`COUNT_BITS` significant bits (such steps run outside CUDA graphs, and their time is close to linear in
-  prompt tokens and in decodes between neighbouring grid points); cached prefixes and the decodes' mean context
-  are rounded to the prefill grid.
+- with prompt chunks in the step, its two parts (servesim/serving/step_time.py) are interpolated apart. The time
+  outside attention, a function of the step's tokens and requests only, bilinearly between those counts rounded
+  down or up to :data:`PREFILL_BITS` and :data:`COUNT_BITS` significant bits. One layer's attention bilinearly
+  between the four batches with every chunk rounded down or up to :data:`PREFILL_BITS` significant bits and the
+  number of decodes rounded down or up to :data:`COUNT_BITS` significant bits (cached prefixes and the decodes'
+  mean context rounded to the prefill grid). Such steps run without full CUDA graphs, and their time is close to linear
+  in prompt tokens and in decodes between neighbouring grid points; a new prompt length then costs attention
+  kernels only.
 
 Lengths up to :data:`EXACT_BELOW` and decode counts up to :data:`EXACT_COUNT_BELOW` stay exact. docs/serving.md
 gives the measured error of this approximation.
@@ -19,7 +22,9 @@ gives the measured error of this approximation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.serving.state import Step
@@ -103,37 +108,52 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     if not step.prefills:
         return decode_step_time_us(step_model, step.num_decodes, step.decode_context_tokens)
     decodes = step.num_decodes
+    requests = decodes + len(step.prefills)
+    tokens = decodes + sum(p.new_tokens for p in step.prefills)
+    plan = step_model.graph_plan(tokens, False)
+    # Dense kernels see the tokens padded to a captured size (grid values above EXACT_BELOW are captured sizes).
+    token_bounds = grid_bounds(plan.padded_tokens)
+    request_bounds = grid_bounds(requests, COUNT_BITS, EXACT_COUNT_BELOW)
+    # A grid request count above a grid token count cannot be; the requests part of the rest (LM head, sampling)
+    # is then taken at as many requests as tokens.
+    rest_us = _bilinear(lambda t, r: step_model.rest_time_us(t, min(r, t), False), token_bounds,
+                        _weight(plan.padded_tokens, token_bounds), request_bounds, _weight(requests, request_bounds))
+
     context = round_length(step.decode_context_tokens // decodes, PREFILL_BITS) if decodes else 0
     cached = [round_length(p.cached_tokens, PREFILL_BITS) for p in step.prefills]
     bounds = [grid_bounds(p.new_tokens) for p in step.prefills]
+    chunk_bounds = (sum(lo for lo, _ in bounds), sum(hi for _, hi in bounds))
     count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
-    low_tokens = sum(lo for lo, _ in bounds)
-    span = sum(hi for _, hi in bounds) - low_tokens
-    w_tokens = (sum(p.new_tokens for p in step.prefills) - low_tokens) / span if span else 0.0
-    count_span = count_bounds[1] - count_bounds[0]
-    w_count = (decodes - count_bounds[0]) / count_span if count_span else 0.0
 
-    def corner(high_tokens: bool, count: int) -> StepTime:
+    def attention(high_tokens: bool, count: int) -> tuple[float, int]:
         # In a canonical order: the time does not depend on the order of the chunks, and the memo then hits.
         chunks = tuple(sorted((PrefillChunk(hi if high_tokens else lo, c) for (lo, hi), c in zip(bounds, cached)),
                               key=lambda chunk: (chunk.new_tokens, chunk.cached_tokens)))
-        return step_model.step_time_us(BatchSpec(chunks, (context,) * count))
+        return step_model.layer_attention_us(BatchSpec(chunks, (context,) * count))
 
-    def along_tokens(count: int) -> tuple[float, tuple[float, ...]]:
-        low = corner(False, count)
-        low_times = low.overhead_us, low.stage_us
-        if not w_tokens:
-            return low_times
-        high = corner(True, count)
-        return _mix(low_times, (high.overhead_us, high.stage_us), w_tokens)
-
-    low = along_tokens(count_bounds[0])
-    if not w_count:
-        return low
-    return _mix(low, along_tokens(count_bounds[1]), w_count)
+    (attention_us,) = _bilinear(lambda high, count: attention(high, count)[:1], (False, True),
+                                _weight(tokens - decodes, chunk_bounds), count_bounds, _weight(decodes, count_bounds))
+    time = step_model.compose(rest_us, attention_us, attention(False, count_bounds[0])[1], requests, plan.mode)
+    return time.overhead_us, time.stage_us
 
 
-def _mix(low: tuple[float, tuple[float, ...]], high: tuple[float, tuple[float, ...]],
-         weight: float) -> tuple[float, tuple[float, ...]]:
-    """``low`` moved ``weight`` of the way to ``high``, both ``(host overhead, per-stage times)``."""
-    return low[0] + weight * (high[0] - low[0]), tuple(a + weight * (b - a) for a, b in zip(low[1], high[1]))
+def _weight(value: int, bounds: tuple[int, int]) -> float:
+    """Where ``value`` lies between ``bounds``, 0 to 1 (0 when they are equal)."""
+    low, high = bounds
+    return (value - low) / (high - low) if high > low else 0.0
+
+
+def _bilinear(at: Callable[[Any, Any], tuple[float, ...]], x_bounds: tuple, x_weight: float, y_bounds: tuple,
+              y_weight: float) -> tuple[float, ...]:
+    """``at`` interpolated bilinearly between the corners of ``x_bounds`` × ``y_bounds`` (a corner is only asked
+    for when its weight is not 0)."""
+    def along_x(y: Any) -> tuple[float, ...]:
+        low = at(x_bounds[0], y)
+        return _lerp(low, at(x_bounds[1], y), x_weight) if x_weight else low
+
+    low = along_x(y_bounds[0])
+    return _lerp(low, along_x(y_bounds[1]), y_weight) if y_weight else low
+
+
+def _lerp(low: tuple[float, ...], high: tuple[float, ...], weight: float) -> tuple[float, ...]:
+    return tuple(a + weight * (b - a) for a, b in zip(low, high))

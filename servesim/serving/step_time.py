@@ -1,8 +1,11 @@
 """Step time: one engine step's kernels through the estimator, its collectives through the communication model,
 plus the engine's host overhead.
 
-Kernel predictions are memoised by kernel (frozen, hashable), so a simulator that replays the same step shapes
-pays for each distinct kernel once; whole steps are memoised by batch.
+A step's time is split in two parts, memoised apart: attention, whose kernels depend on every request's lengths,
+and the rest (GEMMs, norms, activations, the KV-cache write, embedding, LM head, sampling, collectives), whose
+kernels depend only on the step's token and request counts and its graph mode. A batch never seen before then costs
+one layer's attention kernels, and its other kernels are looked up by counts. Kernel predictions are memoised by
+kernel (frozen, hashable), and whole steps by batch.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import numpy as np
 
 from servesim.estimator.base import KernelEstimator
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.batch import BatchSpec
-from servesim.kernels.expand import StepKernels, expand
-from servesim.kernels.types import Collective, Kernel
+from servesim.kernels.batch import BatchSpec, PrefillChunk
+from servesim.kernels.engines import GraphPlan, get_engine, gpu_traits
+from servesim.kernels.expand import StepKernels, expand, layer_attention
+from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, Kernel
 from servesim.models.config import ModelConfig
-from servesim.models.parallel import Parallelism
+from servesim.models.parallel import Parallelism, stage_layers
 from servesim.serving.overhead import HostOverhead, host_overhead
 
 
@@ -27,8 +31,6 @@ class StepTime:
     """Times of one step, µs. ``stage_us`` holds each pipeline stage's GPU time (kernels and collectives)."""
 
     stage_us: tuple[float, ...]
-    compute_us: float  # kernels, all stages
-    communication_us: float  # collectives, all stages, including the send/recv between stages
     overhead_us: float  # host overhead of the step
 
     @property
@@ -40,6 +42,10 @@ class StepTime:
     def bottleneck_stage_us(self) -> float:
         """The slowest stage: with micro-batches in flight, it sets the pipeline's step rate."""
         return max(self.stage_us)
+
+
+def _is_attention(kernel: Kernel) -> bool:
+    return isinstance(kernel, (AttentionDecode, AttentionPrefill))
 
 
 def _comm_implementation(collective: Collective, in_graph: bool) -> str:
@@ -69,19 +75,24 @@ class StepTimeModel:
         overhead: HostOverhead | None = None,
         kv_cache_dtype: str = "auto",
     ) -> None:
-        from servesim.kernels.engines import get_engine
-
         self.engine = engine
-        self.overhead = overhead or host_overhead(engine, get_engine(engine).version)
+        self._engine = get_engine(engine)
+        self.overhead = overhead or host_overhead(engine, self._engine.version)
         self.model = model
         self.gpu = gpu
         self.par = par
         self.estimator = estimator
         self.dtype = dtype
         self.kv_cache_dtype = kv_cache_dtype
+        self._traits = gpu_traits(gpu, self._engine.name, par.tp)
+        self._stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
         self._kernel_us: dict[Kernel, float] = {}
         self._collective_us: dict[tuple[Collective, bool], float] = {}
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
+        #: Each stage's time outside attention, µs, by (tokens, requests, decode only).
+        self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
+        #: One layer's attention time, µs, and its number of kernels, by batch.
+        self.layer_attention_us = functools.lru_cache(maxsize=65536)(self._layer_attention_us)
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,
@@ -113,35 +124,52 @@ class StepTimeModel:
             )
         return self._collective_us[key]
 
-    def _stage_time(self, step: StepKernels) -> tuple[float, float, int]:
-        """(kernel µs, collective µs, graph launches) of one stage's step."""
-        eager = step.graph_mode == "none"
-        kernels = [op for op, _ in step.op_counts if isinstance(op, Kernel)]
-        repeats = np.array([n for op, n in step.op_counts if isinstance(op, Kernel)])
+    def graph_plan(self, num_tokens: int, decode_only: bool) -> GraphPlan:
+        """The CUDA-graph mode (none, piecewise or full) of a step of ``num_tokens`` tokens, and the tokens its
+        dense kernels see (padded to a captured size in a graph)."""
+        return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp)
+
+    def _rest_time_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:
+        # Any batch with these counts launches the same kernels outside attention: one prompt chunk and single-token
+        # decodes stand for all of them.
+        decodes = (1,) * (num_requests if decode_only else num_requests - 1)
+        prefills = () if decode_only else (PrefillChunk(num_tokens - len(decodes)),)
+        proxy = BatchSpec(prefills, decodes)
+        stage_us = []
+        for stage in range(self.par.pp):
+            step = self.expand_stage(proxy, stage)
+            others = [(op, n) for op, n in step.op_counts if isinstance(op, Kernel) and not _is_attention(op)]
+            kernel_us = self.kernel_times_us([op for op, _ in others])
+            eager = step.graph_mode == "none"
+            if eager:  # an eager kernel never finishes sooner than the CPU can launch it
+                kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
+            comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in step.op_counts
+                          if isinstance(op, Collective))
+            stage_us.append(float(kernel_us @ np.array([n for _, n in others])) + comm_us)
+        return tuple(stage_us)
+
+    def _layer_attention_us(self, batch: BatchSpec) -> tuple[float, int]:
+        kernels = list(layer_attention(self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype,
+                                       self.kv_cache_dtype))
         kernel_us = self.kernel_times_us(kernels)
-        # An eager kernel never finishes sooner than the CPU can launch it.
-        launch_floor_us = self.overhead.eager_launch_us
-        if eager:
-            kernel_us = np.maximum(kernel_us, launch_floor_us)
-        if step.graph_mode == "piecewise":
-            # Attention runs eagerly between the captured pieces: it pays the launch floor, and each piece is a
-            # graph launch (one per attention call plus one).
-            attention = np.array([k.category.startswith("attn") for k in kernels])
-            kernel_us = np.where(attention, np.maximum(kernel_us, launch_floor_us), kernel_us)
-            launches = int(repeats[attention].sum()) + 1
-        else:
-            launches = 0 if eager else 1
-        comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in step.op_counts
-                      if isinstance(op, Collective))
-        return float(kernel_us @ repeats), comm_us, launches
+        if self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full":
+            # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager step): it
+            # pays the launch floor.
+            kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
+        return float(kernel_us.sum()), len(kernels)
+
+    def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: int,
+                num_requests: int, graph_mode: str) -> StepTime:
+        """A step's time from its parts: each stage's time outside attention, one layer's attention time and
+        kernel count, the requests (host overhead) and the graph mode (graph launches: one per stage for a full
+        graph; for a piecewise one, one per attention call plus one per stage)."""
+        stage_us = tuple(rest + layers * attention_us for rest, layers in zip(rest_stage_us, self._stage_layers))
+        launches = {"none": 0, "full": self.par.pp,
+                    "piecewise": attention_kernels * sum(self._stage_layers) + self.par.pp}[graph_mode]
+        return StepTime(stage_us, self.overhead.step_overhead_us(num_requests, launches))
 
     def _step_time_us(self, batch: BatchSpec) -> StepTime:
-        stage_us, compute_us, comm_us, launches = [], 0.0, 0.0, 0
-        for stage in range(self.par.pp):
-            kernel_us, collective_us, graph_launches = self._stage_time(self.expand_stage(batch, stage))
-            stage_us.append(kernel_us + collective_us)
-            compute_us += kernel_us
-            comm_us += collective_us
-            launches += graph_launches
-        overhead_us = self.overhead.step_overhead_us(batch.num_requests, launches)
-        return StepTime(tuple(stage_us), compute_us, comm_us, overhead_us)
+        rest_us = self.rest_time_us(batch.num_tokens, batch.num_requests, batch.is_decode_only)
+        attention_us, attention_kernels = self.layer_attention_us(batch)
+        return self.compose(rest_us, attention_us, attention_kernels, batch.num_requests,
+                            self.graph_plan(batch.num_tokens, batch.is_decode_only).mode)

@@ -82,14 +82,34 @@ def llama8b_models():
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_representative_step_is_exact_on_the_grid(llama8b_models, engine):
+@pytest.mark.parametrize("chunks, decodes", [
+    ([(1024, 0)], 0),  # 1,024 tokens, one request
+    ([(30, 1024), (30, 1024)], 4),  # equal chunks: 64 tokens, 6 requests
+])
+def test_representative_step_is_exact_on_the_grid(llama8b_models, engine, chunks, decodes):
     model = llama8b_models[engine]
-    # 448 + 62 new tokens and 2 decodes: 512 tokens and 4 requests, all on their grids.
-    step, batch = mixed_step([(448, 0), (62, 1024)], decodes=2, context=1024)
+    step, batch = mixed_step(chunks, decodes, context=1024)
     overhead_us, stages_us = step_cache.step_time_us(model, step)
     exact = model.step_time_us(batch)
     assert stages_us == pytest.approx(exact.stage_us, rel=1e-12)
     assert overhead_us == pytest.approx(exact.overhead_us, rel=1e-12)
+
+
+def test_unequal_chunks_stand_in_as_equal_ones_with_the_same_attention_work():
+    chunks = (PrefillChunk(2000, 0), PrefillChunk(100, 3000))
+    new, cached = step_cache.equal_chunks(chunks)
+
+    def work(new_tokens, cached_tokens):
+        return new_tokens * cached_tokens + new_tokens ** 2 / 2
+
+    assert 2 * work(new, cached) == pytest.approx(sum(work(c.new_tokens, c.cached_tokens) for c in chunks))
+    assert step_cache.equal_chunks(chunks[:1]) == (2000, 0)
+
+
+def test_rest_is_not_interpolated_across_the_end_of_cuda_graphs(llama8b_models):
+    model = llama8b_models["vllm"]  # graphs up to 512 tokens; the grid around 520 is 512 and 640
+    assert step_cache.rest_token_bounds(model, 520, "none") == (513, 640)
+    assert step_cache.rest_token_bounds(model, 504, "piecewise") == (456, 512)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -8,13 +8,13 @@ almost never hit. The simulator asks :class:`StepTimeModel` about representative
   attention reads keys in proportion to the context). In a decode-only step ``n`` stays exact, since CUDA-graph
   padding and GEMM shapes depend on it;
 - with prompt chunks in the step, its two parts (servesim/serving/step_time.py) are interpolated apart. The time
-  outside attention, a function of the step's tokens and requests only, bilinearly between those counts rounded
-  down or up to :data:`PREFILL_BITS` and :data:`COUNT_BITS` significant bits. One layer's attention bilinearly
-  between the four batches with every chunk rounded down or up to :data:`PREFILL_BITS` significant bits and the
-  number of decodes rounded down or up to :data:`COUNT_BITS` significant bits (cached prefixes and the decodes'
-  mean context rounded to the prefill grid). Such steps run without full CUDA graphs, and their time is close to linear
-  in prompt tokens and in decodes between neighbouring grid points; a new prompt length then costs attention
-  kernels only.
+  outside attention, a function of the step's tokens and requests only, bilinearly between those counts on grids
+  of :data:`PREFILL_BITS` and :data:`COUNT_BITS` significant bits (:func:`rest_token_bounds`). One layer's
+  attention with the chunks replaced by as many equal ones doing the same attention work (:func:`equal_chunks`):
+  bilinearly between their new tokens rounded down or up to :data:`PREFILL_BITS` significant bits and the number
+  of decodes rounded down or up to :data:`COUNT_BITS` significant bits, cached tokens and the decodes' mean
+  context rounded to the prefill grid. A new prompt length then costs attention kernels only, and steps with
+  several prompts share them.
 
 Lengths up to :data:`EXACT_BELOW` and decode counts up to :data:`EXACT_COUNT_BELOW` stay exact. docs/serving.md
 gives the measured error of this approximation.
@@ -22,6 +22,7 @@ gives the measured error of this approximation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,12 +50,11 @@ def round_length(tokens: int, bits: int) -> int:
     return (tokens + step // 2) // step * step
 
 
-def grid_bounds(tokens: int, bits: int = PREFILL_BITS, exact_below: int = EXACT_BELOW) -> tuple[int, int]:
-    """The grid values around ``tokens`` (equal when it is on the grid or at most ``exact_below``)."""
-    if tokens <= exact_below:
-        return tokens, tokens
-    step = _grid_step(tokens, bits)
-    low = tokens // step * step
+def grid_bounds(tokens: float, bits: int = PREFILL_BITS, exact_below: int = EXACT_BELOW) -> tuple[int, int]:
+    """The grid values around ``tokens`` (equal when it is on the grid; every integer below ``exact_below`` is)."""
+    whole = int(tokens)
+    step = 1 if whole < exact_below else _grid_step(whole, bits)
+    low = whole // step * step
     return low, low if low == tokens else low + step
 
 
@@ -112,7 +112,7 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     tokens = decodes + sum(p.new_tokens for p in step.prefills)
     plan = step_model.graph_plan(tokens, False)
     # Dense kernels see the tokens padded to a captured size (grid values above EXACT_BELOW are captured sizes).
-    token_bounds = grid_bounds(plan.padded_tokens)
+    token_bounds = rest_token_bounds(step_model, plan.padded_tokens, plan.mode)
     request_bounds = grid_bounds(requests, COUNT_BITS, EXACT_COUNT_BELOW)
     # A grid request count above a grid token count cannot be; the requests part of the rest (LM head, sampling)
     # is then taken at as many requests as tokens.
@@ -120,24 +120,60 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
                         _weight(plan.padded_tokens, token_bounds), request_bounds, _weight(requests, request_bounds))
 
     context = round_length(step.decode_context_tokens // decodes, PREFILL_BITS) if decodes else 0
-    cached = [round_length(p.cached_tokens, PREFILL_BITS) for p in step.prefills]
-    bounds = [grid_bounds(p.new_tokens) for p in step.prefills]
-    chunk_bounds = (sum(lo for lo, _ in bounds), sum(hi for _, hi in bounds))
+    new_tokens, cached_tokens = equal_chunks(step.prefills)
+    chunk_bounds = grid_bounds(new_tokens)
+    cached = round_length(round(cached_tokens), PREFILL_BITS)
     count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
 
-    def attention(high_tokens: bool, count: int) -> tuple[float, int]:
-        # In a canonical order: the time does not depend on the order of the chunks, and the memo then hits.
-        chunks = tuple(sorted((PrefillChunk(hi if high_tokens else lo, c) for (lo, hi), c in zip(bounds, cached)),
-                              key=lambda chunk: (chunk.new_tokens, chunk.cached_tokens)))
+    def attention(chunk_tokens: int, count: int) -> tuple[float, int]:
+        chunks = (PrefillChunk(chunk_tokens, cached),) * len(step.prefills)
         return step_model.layer_attention_us(BatchSpec(chunks, (context,) * count))
 
-    (attention_us,) = _bilinear(lambda high, count: attention(high, count)[:1], (False, True),
-                                _weight(tokens - decodes, chunk_bounds), count_bounds, _weight(decodes, count_bounds))
-    time = step_model.compose(rest_us, attention_us, attention(False, count_bounds[0])[1], requests, plan.mode)
+    (attention_us,) = _bilinear(lambda chunk_tokens, count: attention(chunk_tokens, count)[:1], chunk_bounds,
+                                _weight(new_tokens, chunk_bounds), count_bounds, _weight(decodes, count_bounds))
+    time = step_model.compose(rest_us, attention_us, attention(chunk_bounds[0], count_bounds[0])[1], requests,
+                              plan.mode)
     return time.overhead_us, time.stage_us
 
 
-def _weight(value: int, bounds: tuple[int, int]) -> float:
+def rest_token_bounds(step_model: StepTimeModel, tokens: int, mode: str) -> tuple[int, int]:
+    """The token counts to interpolate a mixed step's time outside attention between, for ``tokens`` (padded).
+
+    Around :func:`grid_bounds`, with two corrections. GEMM times jump just past multiples of their tile size, which
+    grid values are, so the lower bound is the first count past the grid value (padded as the engine pads it). And
+    an eager step times every kernel at least at its launch cost, so the time jumps where CUDA graphs end (vLLM:
+    from 512 to 513 tokens): the bounds move in to the first or last count of the step's graph mode."""
+    low, high = grid_bounds(tokens)
+    if low < tokens:
+        low = step_model.graph_plan(low + 1, False).padded_tokens
+
+    def same(t: int) -> bool:
+        return step_model.graph_plan(t, False).mode == mode
+
+    if not same(low):  # the first count of this mode above low, by bisection (the mode changes once)
+        below, low = low, tokens
+        while low - below > 1:
+            middle = (below + low) // 2
+            below, low = (below, middle) if same(middle) else (middle, low)
+    if not same(high):
+        high, above = tokens, high
+        while above - high > 1:
+            middle = (high + above) // 2
+            high, above = (middle, above) if same(middle) else (high, middle)
+    return low, high
+
+
+def equal_chunks(prefills: tuple[PrefillChunk, ...]) -> tuple[float, float]:
+    """New and cached tokens of equal chunks that stand for ``prefills`` in attention: as many chunks, with the
+    same causal attention work (each chunk's queries attend to its cached keys and, causally, to each other:
+    Σ new × cached + new² / 2), split between the two terms as the chunks split it."""
+    if len(prefills) == 1:
+        return prefills[0].new_tokens, prefills[0].cached_tokens
+    new = math.sqrt(sum(p.new_tokens ** 2 for p in prefills) / len(prefills))
+    return new, sum(p.new_tokens * p.cached_tokens for p in prefills) / (len(prefills) * new)
+
+
+def _weight(value: float, bounds: tuple[int, int]) -> float:
     """Where ``value`` lies between ``bounds``, 0 to 1 (0 when they are equal)."""
     low, high = bounds
     return (value - low) / (high - low) if high > low else 0.0

@@ -68,11 +68,11 @@ def test_attention_and_the_rest_add_up_to_every_kernel(engine, model_name, par):
         assert step.overhead_us == pytest.approx(overhead_us, rel=1e-12), name
 
 
-def mixed_step(chunks: list[tuple[int, int]], decodes: int, context: int) -> tuple[Step, BatchSpec]:
+def mixed_step(chunks: list[tuple[int, int]], contexts: list[int]) -> tuple[Step, BatchSpec]:
     prefills = tuple(PrefillChunk(new, cached) for new, cached in chunks)
-    step = Step(requests=(), new_tokens=(), num_decodes=decodes, decode_context_tokens=decodes * context,
-                prefills=prefills)
-    return step, BatchSpec(prefills, (context,) * decodes)
+    step = Step(requests=(), new_tokens=(), num_decodes=len(contexts), decode_context_tokens=sum(contexts),
+                decode_max_context=max(contexts, default=0), prefills=prefills)
+    return step, BatchSpec(prefills, tuple(contexts))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def llama8b_models():
 ])
 def test_representative_step_is_exact_on_the_grid(llama8b_models, engine, chunks, decodes):
     model = llama8b_models[engine]
-    step, batch = mixed_step(chunks, decodes, context=1024)
+    step, batch = mixed_step(chunks, [1024] * decodes)
     overhead_us, stages_us = step_cache.step_time_us(model, step)
     exact = model.step_time_us(batch)
     assert stages_us == pytest.approx(exact.stage_us, rel=1e-12)
@@ -120,7 +120,7 @@ def test_representative_steps_stay_close_to_the_exact_batch(llama8b_models, engi
     for _ in range(60):
         chunks = [(rng.randint(1, 3000), rng.choice([0, rng.randint(1, 6000)])) for _ in range(rng.randint(1, 2))]
         decodes = rng.choice([0, 1, rng.randint(2, 300)])
-        step, batch = mixed_step(chunks, decodes, rng.randint(1, 8000))
+        step, batch = mixed_step(chunks, [rng.randint(1, 8000)] * decodes)
         overhead_us, stages_us = step_cache.step_time_us(model, step)
         exact = model.step_time_us(batch)
         errors.append(sum(stages_us) / sum(exact.stage_us) - 1)
@@ -129,3 +129,19 @@ def test_representative_steps_stay_close_to_the_exact_batch(llama8b_models, engi
     errors = np.abs(errors)
     assert errors.max() < 0.08
     assert errors.mean() < 0.01
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_decode_steps_with_one_long_context_keep_its_cost(engine):
+    # Requests at every stage of their output, one far longer than the rest: the longest one's CTAs outlast the
+    # grid's, which the mlp estimator sees and the mean context alone would hide.
+    model = StepTimeModel(engine, get_model("llama3-70b"), GPU, Parallelism(4, 1), get_estimator("mlp"))
+    rng = random.Random(1)
+    errors = []
+    for _ in range(20):
+        contexts = [rng.randint(200, 1500) for _ in range(rng.randint(16, 160))] + [rng.randint(3000, 6000)]
+        step, batch = mixed_step([], contexts)
+        overhead_us, stages_us = step_cache.step_time_us(model, step)
+        errors.append(sum(stages_us) / sum(model.step_time_us(batch).stage_us) - 1)
+    assert abs(np.mean(errors)) < 0.01
+    assert np.max(np.abs(errors)) < 0.05

@@ -4,9 +4,9 @@ Between arrivals and completions a replica often only decodes: every running req
 micro-batches in flight (one without pipeline parallelism), nothing waiting can be admitted, and when a
 micro-batch finishes the scheduler relaunches exactly its requests, each one token further. Stepping through the
 scheduler costs Python work per request per token; here each relaunch is a few scalar operations: its time from
-the representative decode batch (``n`` requests, their total context growing by ``n`` per step), the host and
-the pipeline stages occupied as the simulator's launch occupies them, and the KV it takes from a per-batch
-pattern (``decode_blocks``). The requests are brought up to date once, when the run stops.
+the representative decode batch (``n`` requests, their total context growing by ``n`` per step and the longest by
+one), the host and the pipeline stages occupied as the simulator's launch occupies them, and the KV it takes from
+a per-batch pattern (``decode_blocks``). The requests are brought up to date once, when the run stops.
 
 A run stops before the first completion that the simulator must see step by step: one at or after ``horizon_s``
 (the replica's next outside event: an arrival, or another replica's completion), one that finishes a request,
@@ -32,12 +32,13 @@ if TYPE_CHECKING:
 class _Batch:
     """One in-flight decode micro-batch being relaunched."""
 
-    __slots__ = ("step", "end_s", "context_tokens", "blocks", "limit", "times_s")
+    __slots__ = ("step", "end_s", "context_tokens", "max_context", "blocks", "limit", "times_s")
 
     def __init__(self, step: Step, end_s: float, blocks: np.ndarray) -> None:
         self.step = step
         self.end_s = end_s
         self.context_tokens = step.decode_context_tokens + step.num_decodes  # at the next launch
+        self.max_context = step.decode_max_context + 1
         self.blocks = blocks.tolist()
         # Completions possible before one finishes a request (the in-flight step's completion is the first).
         self.limit = min(r.output - r.generated for r in step.requests) - 1
@@ -74,10 +75,11 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         scheduler.free -= blocks
         scheduler.decode_launched()
         size = batch.step.num_decodes
-        overhead_us, stages_us = replica.decode_time_us(size, batch.context_tokens)
+        overhead_us, stages_us = replica.decode_time_us(size, batch.context_tokens, batch.max_context)
         start_s, batch.end_s = replica.occupy(end_s, overhead_us, stages_us)
         log.append((replica.index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
         batch.context_tokens += size
+        batch.max_context += 1
         queue.append(batch)
     if not moved:
         return []

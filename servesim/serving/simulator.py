@@ -33,7 +33,7 @@ from servesim.serving.router import make_router
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import RequestState, Step, finish_step
-from servesim.serving.step_cache import DecodeSpan, decode_grid_low, decode_span, step_time_us
+from servesim.serving.step_cache import DecodeSpan, decode_grid_low, decode_span, decode_spread, step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
@@ -52,15 +52,17 @@ class _Replica:
         self.flights: list[tuple[float, Step]] = []  # (end time, step) of micro-batches in flight, in order
         self.cpu_free_s = 0.0
         self.stage_free_s = [0.0] * self.pp
-        self._decode_spans: dict[tuple[int, int], DecodeSpan] = {}
+        self._decode_spans: dict[tuple[int, int, int], DecodeSpan] = {}
 
-    def decode_time_us(self, num_decodes: int, context_tokens: int) -> tuple[float, tuple[float, ...]]:
+    def decode_time_us(self, num_decodes: int, context_tokens: int,
+                       max_context: int) -> tuple[float, tuple[float, ...]]:
         """:func:`decode_step_time_us`, its grid times memoised here."""
         context = context_tokens // num_decodes
-        key = (num_decodes, decode_grid_low(context))
+        spread = decode_spread(context, max_context)
+        key = (num_decodes, decode_grid_low(context), spread)
         span = self._decode_spans.get(key)
         if span is None:
-            span = self._decode_spans[key] = decode_span(self.step_model, num_decodes, context)
+            span = self._decode_spans[key] = decode_span(self.step_model, num_decodes, context, spread)
         return span.at(context)
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
@@ -86,7 +88,8 @@ class _Replica:
             if step.prefills:
                 overhead_us, stages_us = step_time_us(self.step_model, step)
             else:
-                overhead_us, stages_us = self.decode_time_us(step.num_decodes, step.decode_context_tokens)
+                overhead_us, stages_us = self.decode_time_us(step.num_decodes, step.decode_context_tokens,
+                                                                step.decode_max_context)
             start_s, end_s = self.occupy(now_s, overhead_us, stages_us)
             self.flights.append((end_s, step))
             launched.append((end_s, step))

@@ -48,13 +48,14 @@ class RequestState:
 @dataclass(frozen=True, eq=False)
 class Step:
     """One scheduled engine step (a micro-batch with pipeline parallelism): its requests, the new tokens each
-    computes, and the batch the kernels see, summarised: how many requests decode and their total context, and the
-    prompt chunks (new tokens after cached ones)."""
+    computes, and the batch the kernels see, summarised: how many requests decode, their total and longest
+    context, and the prompt chunks (new tokens after cached ones)."""
 
     requests: tuple[RequestState, ...]
     new_tokens: tuple[int, ...]
     num_decodes: int
     decode_context_tokens: int
+    decode_max_context: int  # 0 without decodes
     prefills: tuple[PrefillChunk, ...]
 
     def batch(self) -> BatchSpec:
@@ -65,16 +66,17 @@ class Step:
 
 def make_step(requests: list[RequestState], new_tokens: list[int]) -> Step:
     """A step from scheduled requests (before they run: ``computed`` is what the cache holds now)."""
-    num_decodes = contexts = 0
+    num_decodes = contexts = longest = 0
     prefills = []
     for req, new in zip(requests, new_tokens):
         computed = req.computed
         if new == 1 and req.generated and computed == req.prompt + req.generated - 1:
             num_decodes += 1
             contexts += computed
+            longest = max(longest, computed)
         else:
             prefills.append(PrefillChunk(new, computed))
-    return Step(tuple(requests), tuple(new_tokens), num_decodes, contexts, tuple(prefills))
+    return Step(tuple(requests), tuple(new_tokens), num_decodes, contexts, longest, tuple(prefills))
 
 
 def finish_step(step: Step, end_s: float) -> list[RequestState]:

@@ -36,6 +36,7 @@ DECODE_BITS = 3
 PREFILL_BITS = 3
 EXACT_COUNT_BELOW = 2
 COUNT_BITS = 2
+SPREAD_BITS = 2
 
 
 def _grid_step(tokens: int, bits: int) -> int:
@@ -58,10 +59,32 @@ def grid_bounds(tokens: float, bits: int = PREFILL_BITS, exact_below: int = EXAC
     return low, low if low == tokens else low + step
 
 
+def decode_spread(context: int, max_context: int) -> int:
+    """How far the longest decode's context is above the mean ``context``, rounded to :data:`DECODE_BITS`
+    significant bits. While a batch only decodes, both grow by one token a step and the spread stays."""
+    spread = max_context - context
+    step = _grid_step(spread, SPREAD_BITS)
+    return (spread + step // 2) // step * step
+
+
+def representative_decodes(num_decodes: int, context: int, spread: int) -> tuple[int, ...]:
+    """Contexts of ``num_decodes`` decodes with mean ``context`` whose longest is ``spread`` above it: that one,
+    and the others equal.
+
+    The longest decode matters on its own: the decode kernels give each KV head of a request one CTA (FA2 and FA3
+    split the keys only when the grid would leave SMs idle, by a rule on the longest request), so its CTAs can
+    outlast the rest of the grid. With every decode at the mean context, the mlp estimator's decode steps came out
+    4–8 % short on average (up to 22 %) at the loads a capacity search probes (docs/serving.md)."""
+    if num_decodes == 1 or not spread:
+        return (context,) * num_decodes
+    others = max(0, round(context - spread / (num_decodes - 1)))
+    return (others,) * (num_decodes - 1) + (context + spread,)
+
+
 @dataclass(frozen=True)
 class DecodeSpan:
-    """Times of ``n`` decodes at the two grid contexts around a mean context, to interpolate between: every mean
-    context from ``low_context`` up to the next grid value shares one."""
+    """Times of ``n`` decodes at the two grid contexts around a mean context, with the longest a set spread above
+    it, to interpolate between: every mean context from ``low_context`` up to the next grid value shares one."""
 
     low_context: int
     span: int  # to the next grid value; 0 for exact contexts
@@ -82,31 +105,33 @@ def decode_grid_low(context: int) -> int:
     return grid_bounds(context, DECODE_BITS)[0]
 
 
-def decode_span(step_model: StepTimeModel, num_decodes: int, context: int) -> DecodeSpan:
-    """The :class:`DecodeSpan` of ``num_decodes`` decodes at mean context ``context``."""
+def decode_span(step_model: StepTimeModel, num_decodes: int, context: int, spread: int) -> DecodeSpan:
+    """The :class:`DecodeSpan` of ``num_decodes`` decodes at mean context ``context``, the longest ``spread``
+    (:func:`decode_spread`) above it."""
     low = decode_grid_low(context)
-    at_low = step_model.step_time_us(BatchSpec(decodes=(low,) * num_decodes))
+    at_low = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low, spread)))
     if context <= EXACT_BELOW:
         return DecodeSpan(low, 0, at_low.overhead_us, at_low.stage_us, 0.0, (0.0,) * len(at_low.stage_us))
     span = _grid_step(context, DECODE_BITS)
-    at_high = step_model.step_time_us(BatchSpec(decodes=(low + span,) * num_decodes))
+    at_high = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low + span, spread)))
     return DecodeSpan(low, span, at_low.overhead_us, at_low.stage_us, at_high.overhead_us - at_low.overhead_us,
                       tuple(b - a for a, b in zip(at_low.stage_us, at_high.stage_us)))
 
 
-def decode_step_time_us(step_model: StepTimeModel, num_decodes: int,
-                        context_tokens: int) -> tuple[float, tuple[float, ...]]:
+def decode_step_time_us(step_model: StepTimeModel, num_decodes: int, context_tokens: int,
+                        max_context: int) -> tuple[float, tuple[float, ...]]:
     """``(host overhead, per-stage GPU time)``, µs, of a step of ``num_decodes`` decodes holding
-    ``context_tokens`` in total."""
+    ``context_tokens`` in total, the longest ``max_context``."""
     context = context_tokens // num_decodes
-    return decode_span(step_model, num_decodes, context).at(context)
+    return decode_span(step_model, num_decodes, context, decode_spread(context, max_context)).at(context)
 
 
 def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[float, ...]]:
     """``(host overhead, per-stage GPU time)`` of ``step``, µs, from representative batches (memoised by the
     model)."""
     if not step.prefills:
-        return decode_step_time_us(step_model, step.num_decodes, step.decode_context_tokens)
+        return decode_step_time_us(step_model, step.num_decodes, step.decode_context_tokens,
+                                   step.decode_max_context)
     decodes = step.num_decodes
     requests = decodes + len(step.prefills)
     tokens = decodes + sum(p.new_tokens for p in step.prefills)
@@ -119,7 +144,9 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     rest_us = _bilinear(lambda t, r: step_model.rest_time_us(t, min(r, t), False), token_bounds,
                         _weight(plan.padded_tokens, token_bounds), request_bounds, _weight(requests, request_bounds))
 
-    context = round_length(step.decode_context_tokens // decodes, PREFILL_BITS) if decodes else 0
+    mean_context = step.decode_context_tokens // decodes if decodes else 0
+    context = round_length(mean_context, PREFILL_BITS)
+    spread = decode_spread(mean_context, step.decode_max_context) if decodes else 0
     new_tokens, cached_tokens = equal_chunks(step.prefills)
     chunk_bounds = grid_bounds(new_tokens)
     cached = round_length(round(cached_tokens), PREFILL_BITS)
@@ -127,7 +154,7 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
 
     def attention(chunk_tokens: int, count: int) -> tuple[float, int]:
         chunks = (PrefillChunk(chunk_tokens, cached),) * len(step.prefills)
-        return step_model.layer_attention_us(BatchSpec(chunks, (context,) * count))
+        return step_model.layer_attention_us(BatchSpec(chunks, representative_decodes(count, context, spread)))
 
     (attention_us,) = _bilinear(lambda chunk_tokens, count: attention(chunk_tokens, count)[:1], chunk_bounds,
                                 _weight(new_tokens, chunk_bounds), count_bounds, _weight(decodes, count_bounds))

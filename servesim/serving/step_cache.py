@@ -3,10 +3,11 @@
 Decode contexts change every step and prompt lengths every request, so a cache keyed by the exact batch would
 almost never hit. The simulator asks :class:`StepTimeModel` about representative batches instead:
 
-- the ``n`` decodes all at their mean context, the time interpolated linearly between the grid values of
-  :data:`DECODE_BITS` significant bits around it (steps of at most 1/8 of the value: 1024, 1152, 1280, …;
-  attention reads keys in proportion to the context). In a decode-only step ``n`` stays exact, since CUDA-graph
-  padding and GEMM shapes depend on it;
+- the ``n`` decodes at their mean context, but for the longest, which keeps its distance above the mean rounded
+  to :data:`SPREAD_BITS` significant bits (:func:`representative_decodes`); the time interpolated linearly in the
+  mean between the grid values of :data:`DECODE_BITS` significant bits around it (steps of at most 1/8 of the
+  value: 1024, 1152, 1280, …; attention reads keys in proportion to the context). In a decode-only step ``n``
+  stays exact, since CUDA-graph padding and GEMM shapes depend on it;
 - with prompt chunks in the step, its two parts (servesim/serving/step_time.py) are interpolated apart. The time
   outside attention, a function of the step's tokens and requests only, bilinearly between those counts on grids
   of :data:`PREFILL_BITS` and :data:`COUNT_BITS` significant bits (:func:`rest_token_bounds`). One layer's
@@ -60,7 +61,7 @@ def grid_bounds(tokens: float, bits: int = PREFILL_BITS, exact_below: int = EXAC
 
 
 def decode_spread(context: int, max_context: int) -> int:
-    """How far the longest decode's context is above the mean ``context``, rounded to :data:`DECODE_BITS`
+    """How far the longest decode's context is above the mean ``context``, rounded to :data:`SPREAD_BITS`
     significant bits. While a batch only decodes, both grow by one token a step and the spread stays."""
     spread = max_context - context
     step = _grid_step(spread, SPREAD_BITS)

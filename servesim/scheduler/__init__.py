@@ -43,23 +43,22 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
     if n == 0 or np.all(duration_cycles == duration_cycles[0]):
         return np.arange(n) % sm_count
     first = min(n, sm_count * ctas_per_sm)
-    durations = duration_cycles.tolist()
-    sm = [j % sm_count for j in range(first)]
-    heap = [(durations[j], j // sm_count, j % sm_count) for j in range(first)]
+    heap = [(d, j // sm_count, j % sm_count) for j, d in enumerate(duration_cycles[:first].tolist())]
     heapq.heapify(heap)
     replace = heapq.heapreplace
-    # Each later CTA takes the slot that frees first. An empty CTA (the blocks of a varlen grid past a short
-    # sequence) frees it again at once, so a run of them all land on that slot and leave the heap as it was.
-    done = first
-    for j in (first + np.flatnonzero(duration_cycles[first:])).tolist():
-        if j > done:
-            sm.extend([heap[0][2]] * (j - done))
-        finish, slot, s = heap[0]
-        sm.append(s)
-        replace(heap, (finish + durations[j], slot, s))
-        done = j + 1
-    sm.extend([heap[0][2]] * (n - done))
-    return np.array(sm, dtype=np.int64)
+    later = first + np.flatnonzero(duration_cycles[first:])  # the later CTAs with work
+    taken = []
+    for duration in duration_cycles[later].tolist():  # each takes the slot that frees first
+        finish, slot, sm = heap[0]
+        taken.append(sm)
+        replace(heap, (finish + duration, slot, sm))
+    taken.append(heap[0][2])
+    # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
+    # heap as it was: it lands on the slot the next CTA with work takes (after the last one, the first to free).
+    sm_of_task = np.empty(n, dtype=np.int64)
+    sm_of_task[:first] = np.arange(first) % sm_count
+    sm_of_task[first:] = np.array(taken, dtype=np.int64)[np.searchsorted(later, np.arange(first, n))]
+    return sm_of_task
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:

@@ -54,14 +54,14 @@ _GRAPH_LAUNCH_US = 15.0
 #: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 and InferenceX runs; SGLang: 0.5.1.post1 and 0.5.8.post1)
 #: and checked on the H200 rows (docs/validation.md), the InferenceX rows with the FP8 KV cache their launch scripts
 #: set. They absorb what the kernel estimator leaves out of a step, so they are refitted whenever the default
-#: estimator or its weights change.
+#: estimator, its weights or the simulator's step times change.
 HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
     {
         ("vllm", "0.11.0"): HostOverhead(
-            step_us=419.6, per_seq_us=16.642, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=416.0, per_seq_us=15.036, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
         ("sglang", "0.5.3"): HostOverhead(
-            step_us=441.6, per_seq_us=20.191, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=441.3, per_seq_us=20.193, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
     }
 )

@@ -1,16 +1,19 @@
 """Simulator speed, and the error of its step-time approximation (representative batches, docs/serving.md).
 
-    .venv/bin/python scripts/bench_simulator.py [--requests 10000] [--engine vllm]
+    .venv/bin/python scripts/bench_simulator.py [--requests 10000] [--engine vllm] [--model llama3-8b] [--gpu H100]
+        [--tp 1] [--estimator roofline] [--rate REQ_PER_S] [--sample 0.02] [--mean-context]
 
-Simulates splitwise-conv requests (the trace's own arrival rate) for llama3-8b on one H100 with a cold step-time
-model, then again with the warm one (as a capacity search reuses it), and prints requests simulated per second.
-Then compares, on a sample of the steps (every step taken through the scheduler), the representative-batch time
-with the exact batch's time.
+Simulates splitwise-conv requests (the trace's own arrival rate, or ``--rate``) with a cold step-time model, then
+again with the warm one (as a capacity search reuses it), and prints requests simulated per second. Then compares,
+on a sample of the steps (every step taken through the scheduler), the representative-batch time with the exact
+batch's time. ``--mean-context`` puts every decode of a representative batch at the mean context (the longest
+one no longer apart), to measure what keeping it buys.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import time
 
@@ -30,12 +33,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
+    parser.add_argument("--model", default="llama3-8b")
+    parser.add_argument("--gpu", default="H100")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--estimator", default="roofline")
+    parser.add_argument("--rate", type=float, default=None, help="Requests/s (default: the trace's own).")
     parser.add_argument("--sample", type=float, default=0.02, help="Fraction of steps checked against exact times.")
+    parser.add_argument("--mean-context", action="store_true", help="Representative decodes all at the mean context.")
     args = parser.parse_args()
-    model, gpu, par = get_model("llama3-8b"), get_gpu("H100"), Parallelism(1, 1)
+    if args.mean_context:
+        simulator.decode_spread = step_cache.decode_spread = lambda context, max_context: 0
+    model, gpu, par = get_model(args.model), get_gpu(args.gpu), Parallelism(args.tp, 1)
     cfg = default_engine_config(args.engine, gpu, par)
     workload = build_workload("splitwise-conv", args.requests, seed=0)
-    step_model = StepTimeModel(args.engine, model, gpu, par, get_estimator("roofline"))
+    if args.rate:
+        workload = dataclasses.replace(workload, arrival_s=workload.arrival_s / workload.arrival_s[-1]
+                                       * len(workload) / args.rate)
+    step_model = StepTimeModel(args.engine, model, gpu, par, get_estimator(args.estimator))
     for label in ("cold", "warm"):
         start = time.perf_counter()
         result = simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model)

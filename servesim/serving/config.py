@@ -41,7 +41,8 @@ class EngineConfig:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _sglang_mem_fraction_static(gpu_mib: float, chunked_prefill_size: int, cuda_graph_max_bs: int, par: Parallelism) -> float:
+def _sglang_mem_fraction_static(gpu_mib: float, chunked_prefill_size: int, cuda_graph_max_bs: int,
+                                par: Parallelism) -> float:
     """SGLang's default ``mem_fraction_static``: memory kept back for activations, graphs and parallelism."""
     reserved_mib = 512 + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2 + par.tp * par.pp / 8 * 1024
     if gpu_mib > 60 * 1024:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servesim.serving.state import Step, make_step
+from servesim.serving.step_cache import DecodeSpan
 
 if TYPE_CHECKING:
     from servesim.serving.simulator import _Replica
@@ -32,13 +33,14 @@ if TYPE_CHECKING:
 class _Batch:
     """One in-flight decode micro-batch being relaunched."""
 
-    __slots__ = ("step", "end_s", "context_tokens", "max_context", "blocks", "limit", "times_s")
+    __slots__ = ("step", "end_s", "context_tokens", "max_context", "span", "blocks", "limit", "times_s")
 
     def __init__(self, step: Step, end_s: float, blocks: np.ndarray) -> None:
         self.step = step
         self.end_s = end_s
         self.context_tokens = step.decode_context_tokens + step.num_decodes  # at the next launch
         self.max_context = step.decode_max_context + 1
+        self.span: DecodeSpan | None = None  # the step times of its current context, while they last
         self.blocks = blocks.tolist()
         # Completions possible before one finishes a request (the in-flight step's completion is the first).
         self.limit = min(r.output - r.generated for r in step.requests) - 1
@@ -75,7 +77,12 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         scheduler.free -= blocks
         scheduler.decode_launched()
         size = batch.step.num_decodes
-        overhead_us, stages_us = replica.decode_time_us(size, batch.context_tokens, batch.max_context)
+        context = batch.context_tokens // size
+        # The longest and the mean context both grow by one a relaunch: the spread, hence the span, stays until
+        # the mean leaves it.
+        if batch.span is None or not batch.span.covers(context):
+            batch.span = replica.decode_span(size, context, batch.max_context)
+        overhead_us, stages_us = batch.span.at(context)
         start_s, batch.end_s = replica.occupy(end_s, overhead_us, stages_us)
         log.append((replica.index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
         batch.context_tokens += size

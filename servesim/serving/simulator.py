@@ -54,16 +54,15 @@ class _Replica:
         self.stage_free_s = [0.0] * self.pp
         self._decode_spans: dict[tuple[int, int, int], DecodeSpan] = {}
 
-    def decode_time_us(self, num_decodes: int, context_tokens: int,
-                       max_context: int) -> tuple[float, tuple[float, ...]]:
-        """:func:`decode_step_time_us`, its grid times memoised here."""
-        context = context_tokens // num_decodes
+    def decode_span(self, num_decodes: int, context: int, max_context: int) -> DecodeSpan:
+        """:func:`decode_span` of ``num_decodes`` decodes at mean context ``context``, the longest ``max_context``,
+        memoised here."""
         spread = decode_spread(context, max_context)
         key = (num_decodes, decode_grid_low(context), spread)
         span = self._decode_spans.get(key)
         if span is None:
             span = self._decode_spans[key] = decode_span(self.step_model, num_decodes, context, spread)
-        return span.at(context)
+        return span
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
@@ -88,8 +87,9 @@ class _Replica:
             if step.prefills:
                 overhead_us, stages_us = step_time_us(self.step_model, step)
             else:
-                overhead_us, stages_us = self.decode_time_us(step.num_decodes, step.decode_context_tokens,
-                                                                step.decode_max_context)
+                context = step.decode_context_tokens // step.num_decodes
+                overhead_us, stages_us = self.decode_span(step.num_decodes, context,
+                                                          step.decode_max_context).at(context)
             start_s, end_s = self.occupy(now_s, overhead_us, stages_us)
             self.flights.append((end_s, step))
             launched.append((end_s, step))

@@ -94,6 +94,10 @@ class DecodeSpan:
     overhead_delta_us: float
     stage_delta_us: tuple[float, ...]
 
+    def covers(self, context: int) -> bool:
+        """Whether mean context ``context`` shares this span."""
+        return self.low_context <= context < self.low_context + self.span or context == self.low_context
+
     def at(self, context: int) -> tuple[float, tuple[float, ...]]:
         """``(host overhead, per-stage GPU time)``, µs, at mean context ``context``."""
         w = (context - self.low_context) / self.span if self.span else 0.0
@@ -111,9 +115,9 @@ def decode_span(step_model: StepTimeModel, num_decodes: int, context: int, sprea
     (:func:`decode_spread`) above it."""
     low = decode_grid_low(context)
     at_low = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low, spread)))
-    if context <= EXACT_BELOW:
+    if low < EXACT_BELOW:  # every context there is on the grid
         return DecodeSpan(low, 0, at_low.overhead_us, at_low.stage_us, 0.0, (0.0,) * len(at_low.stage_us))
-    span = _grid_step(context, DECODE_BITS)
+    span = _grid_step(low, DECODE_BITS)
     at_high = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low + span, spread)))
     return DecodeSpan(low, span, at_low.overhead_us, at_low.stage_us, at_high.overhead_us - at_low.overhead_us,
                       tuple(b - a for a, b in zip(at_low.stage_us, at_high.stage_us)))

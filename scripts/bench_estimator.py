@@ -16,7 +16,7 @@ import click
 import numpy as np
 
 from servesim.estimator import get_estimator
-from servesim.features import _kernel_features_cached
+from servesim.features import clear_feature_cache
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.expand import expand
@@ -54,7 +54,7 @@ def main(gpu: str, count: int, estimator_name: str, seed: int) -> None:
     kernels = step_kernels(gpu, count, seed)
     spec = get_gpu(gpu)
     estimator = get_estimator(estimator_name)
-    _kernel_features_cached.cache_clear()
+    clear_feature_cache()
     start = time.perf_counter()
     times_us = estimator.predict_us(kernels, spec)
     seconds = time.perf_counter() - start

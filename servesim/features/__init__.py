@@ -215,6 +215,11 @@ def kernel_features(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
     return FeatureMatrix(FEATURE_NAMES, values)
 
 
+def clear_feature_cache() -> None:
+    """Forget the memoised features of decomposed kernels (a benchmark starts cold with it)."""
+    _kernel_features_cached.cache_clear()
+
+
 def features_of(kernel: Kernel, gpu: GpuSpec) -> dict[str, float]:
     """One kernel's features through decomposition and scheduling (the explain path)."""
     return dict(zip(FEATURE_NAMES, _kernel_features_cached(kernel, gpu)))
@@ -230,5 +235,5 @@ def pipe_times_us(features: dict[str, float], gpu: GpuSpec) -> dict[str, float]:
     return {p: features[f"sm_{p}_cycles"] / gpu.sustained_clock_mhz for p in PIPES}
 
 
-__all__ = ["FEATURE_NAMES", "FeatureMatrix", "features_of", "kernel_features", "launch_features", "pipe_times_us",
-           "roofline_time_us", "spec_vector"]
+__all__ = ["FEATURE_NAMES", "FeatureMatrix", "clear_feature_cache", "features_of", "kernel_features",
+           "launch_features", "pipe_times_us", "roofline_time_us", "spec_vector"]

@@ -8,6 +8,7 @@ mixed batch is attended); memory and scheduling settings belong to the serving s
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -29,6 +30,7 @@ class GpuTraits:
     custom_ar_limit_bytes: int  # all-reduces strictly smaller take the custom kernel; 0 when it is never used
 
 
+@functools.lru_cache(maxsize=256)
 def gpu_traits(gpu: GpuSpec, engine: str, tp: int) -> GpuTraits:
     """The traits of ``gpu`` for ``engine`` at tensor-parallel size ``tp``."""
     from servesim.comm import topology_of

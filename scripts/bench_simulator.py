@@ -78,6 +78,8 @@ def main() -> None:
             if (kind == "decode-only") == batch.is_decode_only:
                 exact = step_model.step_time_us(batch).latency_us
                 errors.append((overhead_us + sum(stages_us) - exact) / exact * 100)
+        if not errors:
+            continue
         errors = np.array(errors)
         print(f"{kind} steps: {len(errors)} sampled, step-time error mean {errors.mean():+.2f} %, "
               f"mean |error| {np.abs(errors).mean():.2f} %, max |error| {np.abs(errors).max():.2f} %")

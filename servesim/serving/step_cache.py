@@ -70,7 +70,7 @@ def decode_spread(context: int, max_context: int) -> int:
 
 def representative_decodes(num_decodes: int, context: int, spread: int) -> tuple[int, ...]:
     """Contexts of ``num_decodes`` decodes with mean ``context`` whose longest is ``spread`` above it: that one,
-    and the others equal.
+    and the others equal (at no less than 0, which a rounded-up spread over a short mean can call for).
 
     The longest decode matters on its own: the decode kernels give each KV head of a request one CTA (FA2 and FA3
     split the keys only when the grid would leave SMs idle, by a rule on the longest request), so its CTAs can

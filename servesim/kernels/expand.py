@@ -404,11 +404,21 @@ def expand(
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
 
 
+def activation_dtype(weights: str) -> str:
+    """The activations' dtype for ``weights``: FP16 for FP16 checkpoints, else BF16 (FP8 checkpoints included)."""
+    return "fp16" if weights == "fp16" else "bf16"
+
+
+def kv_storage_dtype(weights: str, kv_cache_dtype: str) -> str:
+    """The dtype K and V are stored in: the activations' with ``auto``, else ``kv_cache_dtype``."""
+    return activation_dtype(weights) if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
 def _context(
     config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
     kv_cache_dtype: str, plan: GraphPlan,
 ) -> _Ctx:
-    act = "fp16" if dtype == "fp16" else "bf16"
+    act = activation_dtype(dtype)
     return _Ctx(
         engine=config,
         model=model,
@@ -417,7 +427,7 @@ def _context(
         tp=tp,
         weights=dtype,
         act=act,
-        kv=act if kv_cache_dtype == "auto" else kv_cache_dtype,
+        kv=kv_storage_dtype(dtype, kv_cache_dtype),
         tokens=plan.padded_tokens,
         backend=config.attention_backend(gpu.architecture),
         heads=model.num_attention_heads // tp,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.engines import get_engine, sglang_memory_defaults
+from servesim.kernels.expand import kv_storage_dtype
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryPlan, MemoryReserve, plan_memory
 from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
@@ -129,5 +130,5 @@ def engine_memory_plan(
         reserve=engine_memory_reserve(model, par, cfg),
         block_size=cfg.block_size,
         weight_dtype=weight_dtype,
-        kv_dtype=("fp16" if weight_dtype == "fp16" else "bf16") if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype,
+        kv_dtype=kv_storage_dtype(weight_dtype, cfg.kv_cache_dtype),
     )

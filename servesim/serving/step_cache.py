@@ -182,17 +182,17 @@ def rest_token_bounds(step_model: StepTimeModel, tokens: int, mode: str) -> tupl
     def same(t: int) -> bool:
         return step_model.graph_plan(t, False).mode == mode
 
-    if not same(low):  # the first count of this mode above low, by bisection (the mode changes once)
-        below, low = low, tokens
-        while low - below > 1:
-            middle = (below + low) // 2
-            below, low = (below, middle) if same(middle) else (middle, low)
-    if not same(high):
-        high, above = tokens, high
-        while above - high > 1:
-            middle = (high + above) // 2
-            high, above = (middle, above) if same(middle) else (high, middle)
-    return low, high
+    return (low if same(low) else _last_in_mode(tokens, low, same),
+            high if same(high) else _last_in_mode(tokens, high, same))
+
+
+def _last_in_mode(inside: int, outside: int, same: Callable[[int], bool]) -> int:
+    """The count nearest ``outside`` on the way from ``inside`` that is still in ``inside``'s graph mode, by
+    bisection (the mode changes once between them)."""
+    while abs(outside - inside) > 1:
+        middle = (inside + outside) // 2
+        inside, outside = (middle, outside) if same(middle) else (inside, middle)
+    return inside
 
 
 def equal_chunks(prefills: tuple[PrefillChunk, ...]) -> tuple[float, float]:

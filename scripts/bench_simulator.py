@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--mean-context", action="store_true", help="Representative decodes all at the mean context.")
     args = parser.parse_args()
     if args.mean_context:
-        simulator.decode_spread = step_cache.decode_spread = lambda context, max_context: 0
+        step_cache.decode_spread = lambda context, max_context: 0
     model, gpu, par = get_model(args.model), get_gpu(args.gpu), Parallelism(args.tp, 1)
     cfg = default_engine_config(args.engine, gpu, par)
     workload = build_workload("splitwise-conv", args.requests, seed=0)

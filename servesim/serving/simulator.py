@@ -33,7 +33,7 @@ from servesim.serving.router import make_router
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import RequestState, Step, finish_step
-from servesim.serving.step_cache import DecodeSpan, decode_grid_low, decode_span, decode_spread, step_time_us
+from servesim.serving.step_cache import DecodeSpan, decode_span, decode_span_key, step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
@@ -57,11 +57,10 @@ class _Replica:
     def decode_span(self, num_decodes: int, context: int, max_context: int) -> DecodeSpan:
         """:func:`decode_span` of ``num_decodes`` decodes at mean context ``context``, the longest ``max_context``,
         memoised here."""
-        spread = decode_spread(context, max_context)
-        key = (num_decodes, decode_grid_low(context), spread)
+        key = decode_span_key(num_decodes, context, max_context)
         span = self._decode_spans.get(key)
         if span is None:
-            span = self._decode_spans[key] = decode_span(self.step_model, num_decodes, context, spread)
+            span = self._decode_spans[key] = decode_span(self.step_model, *key)
         return span
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:

@@ -220,9 +220,9 @@ def _slo_options(func):
 @click.option("--output-len", type=click.IntRange(min=1), default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                 memory_fraction, kv_cache_dtype, source, num_requests, arrival, seed, qps, concurrency, tolerance, gpu_budget,
-                 prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len, output_len,
-                 output_format, **slo_limits) -> None:
+                 memory_fraction, kv_cache_dtype, source, num_requests, arrival, seed, qps, concurrency, tolerance,
+                 gpu_budget, prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len,
+                 output_len, output_format, **slo_limits) -> None:
     """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
     target load, GPUs, $/h and $ per 1M output tokens, ranked by cost, with a recommendation.
 

@@ -105,8 +105,8 @@ def _latency_rows(summary: dict) -> list[dict]:
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                     gpu_memory_utilization, kv_cache_dtype, source, num_requests, qps, concurrency, arrival, seed, replicas, router,
-                     goodput_text, requests_csv, trace_path, output_format) -> None:
+                     gpu_memory_utilization, kv_cache_dtype, source, num_requests, qps, concurrency, arrival, seed,
+                     replicas, router, goodput_text, requests_csv, trace_path, output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
 
     \b

@@ -136,7 +136,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     workload = build_workload(spec, concurrency * protocol.requests_per_client, concurrency=concurrency, seed=seed)
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
-        engine=str(row["backend"]), engine_version="" if pd.isna(row["backend_version"]) else str(row["backend_version"]),
+        engine=str(row["backend"]),
+        engine_version="" if pd.isna(row["backend_version"]) else str(row["backend_version"]),
         dtype=_GEMM_QUANT_DTYPES[quant], tp=int(row["tp"]), pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},

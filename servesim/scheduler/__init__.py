@@ -40,24 +40,27 @@ class Partition:
 def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -> np.ndarray:
     """SM of each task under the hardware block scheduler (ties: earliest slot round first, then lowest SM)."""
     n = len(duration_cycles)
-    if n == 0 or np.all(duration_cycles == duration_cycles[0]):
-        return np.arange(n) % sm_count
+    if n == 0 or (duration_cycles[0] > 0 and np.all(duration_cycles == duration_cycles[0])):
+        return np.arange(n) % sm_count  # equal work: a closed form (an all-empty grid is not, see below)
     first = min(n, sm_count * ctas_per_sm)
-    heap = [(d, j // sm_count, j % sm_count) for j, d in enumerate(duration_cycles[:first].tolist())]
+    # A slot is (finish, j) for the j-th slot filled: slot round j // sm_count on SM j % sm_count, which orders ties
+    # by round, then SM.
+    heap = list(zip(duration_cycles[:first].tolist(), range(first)))
     heapq.heapify(heap)
     replace = heapq.heapreplace
     later = first + np.flatnonzero(duration_cycles[first:])  # the later CTAs with work
     taken = []
+    take = taken.append
     for duration in duration_cycles[later].tolist():  # each takes the slot that frees first
-        finish, slot, sm = heap[0]
-        taken.append(sm)
-        replace(heap, (finish + duration, slot, sm))
-    taken.append(heap[0][2])
+        top = heap[0]
+        take(top[1])
+        replace(heap, (top[0] + duration, top[1]))
+    take(heap[0][1])
     # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
     # heap as it was: it lands on the slot the next CTA with work takes (after the last one, the first to free).
     sm_of_task = np.empty(n, dtype=np.int64)
     sm_of_task[:first] = np.arange(first) % sm_count
-    sm_of_task[first:] = np.array(taken, dtype=np.int64)[np.searchsorted(later, np.arange(first, n))]
+    sm_of_task[first:] = np.array(taken, dtype=np.int64)[np.searchsorted(later, np.arange(first, n))] % sm_count
     return sm_of_task
 
 

@@ -61,6 +61,21 @@ def test_fa2_prefill_grid_is_max_query_tiles_by_batch_by_heads():
     assert launch.grid_ctas == launch.tasks.size == 8 * 2 * 32
 
 
+@pytest.mark.parametrize("kernel", [
+    AttentionPrefill(query_lens=(300, 1000, 1), kv_lens=(300, 1500, 900), num_heads=32, num_kv_heads=8, head_dim=128,
+                     backend="fa2"),
+    AttentionDecode(kv_lens=(300, 5000, 17), num_heads=32, num_kv_heads=8, head_dim=128, backend="fa2"),
+])
+def test_attention_tasks_run_head_after_head_each_alike(kernel):
+    # grid z (heads) is outermost: the launch is one head's tiles, then the next head's, each doing the same work
+    (launch,) = decompose(kernel, A100)
+    dims, heads = launch.tasks.dims, int(launch.tasks.dims[:, 1].max()) + 1
+    per_head = launch.tasks.size // heads
+    assert np.array_equal(dims[:, 1], np.repeat(np.arange(heads), per_head))
+    for values in (dims[:, [0, 2, 3, 4, 5]], launch.tasks.duration_cycles, launch.tasks.demand["tensor"]):
+        assert np.array_equal(values, np.tile(values[:per_head], (heads,) + (1,) * (values.ndim - 1)))
+
+
 def test_fa3_prefill_packs_gqa_and_runs_persistent():
     kernel = AttentionPrefill(query_lens=(300, 1000), kv_lens=(300, 1000), num_heads=32, num_kv_heads=8,
                               head_dim=128, backend="fa3")

@@ -133,22 +133,31 @@ def _attention_demand(head_dim: int, q_bytes: float, kv_bytes: float, rows, pair
     }
 
 
-def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, dims: np.ndarray, rows, pairs, keys, blocks,
-                 notes: tuple[str, ...]) -> Launch:
+def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: np.ndarray, rows, pairs,
+                 keys, blocks, notes: tuple[str, ...]) -> Launch:
+    """The launch of ``heads`` repeats of one head's tasks: ``dims`` holds every task, the work arrays one head's."""
     rates = pipe_rates_per_sm_per_cycle(gpu, kernel.dtype)
     q_b, kv_b, d = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype), kernel.head_dim
     useful = _attention_demand(d, q_b, kv_b, rows, pairs, keys, blocks, tile, rows)
     full_rows = np.where(rows > 0, tile.block_m, 0)
     issued = _attention_demand(d, q_b, kv_b, full_rows, full_rows * blocks * tile.block_n, blocks * tile.block_n,
                                blocks, tile, full_rows)
-    share = dram_fraction(kernel.bytes_moved(), useful["l2"].sum())
+    share = dram_fraction(kernel.bytes_moved(), np.tile(useful["l2"], heads).sum())
     useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
-    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued)
+    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads)
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)
     grid = tasks.size
     if tile.persistent:
         grid = min(grid, gpu.sm_count * occupancy(config, gpu).ctas_per_sm)
     return Launch(name, config, tasks, MIN_HEAP if tile.persistent else ROUND_ROBIN, grid, kernel.dtype, notes)
+
+
+def _head_dims(heads: int, request, tile_idx, split, rows, keys) -> np.ndarray:
+    """The task dimensions of ``heads`` repeats of one head's tasks, in launch order (heads outermost)."""
+    per_head = np.column_stack([request, np.zeros_like(request), tile_idx, split, rows, keys])
+    dims = np.tile(per_head, (heads, 1))
+    dims[:, 1] = np.repeat(np.arange(heads), len(per_head))
+    return dims
 
 
 def _check(kernel) -> str:
@@ -188,18 +197,16 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
             tile = _flashinfer_fa2_tile(float(q.mean()) * group, kernel.head_dim, elem)
         pack, heads = group, kernel.num_kv_heads
         tiles_per_req = -(-(q * pack) // tile.block_m)
+    # Launch order: tiles fastest, then requests, then heads (grid x, y, z); every head runs the same tiles.
     req, tile_idx = _expand(tiles_per_req)
-    # Launch order: tiles fastest, then requests, then heads (grid x, y, z).
-    req, tile_idx = np.tile(req, heads), np.tile(tile_idx, heads)
-    head = np.repeat(np.arange(heads), len(tile_idx) // heads)
     row_a = np.minimum(tile_idx * tile.block_m, q[req] * pack)
     row_b = np.minimum(row_a + tile.block_m, q[req] * pack)
     pairs, keys, blocks = _tile_work(q[req], kv[req], row_a, row_b, pack, kernel.causal, tile.block_n)
     rows = row_b - row_a
-    dims = np.column_stack([req, head, tile_idx, np.zeros_like(req), rows, keys])
+    dims = _head_dims(heads, req, tile_idx, np.zeros_like(req), rows, keys)
     name = f"{kernel.backend} prefill"
     notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else ""),)
-    return (_make_launch(kernel, gpu, tile, name, dims, rows, pairs, keys, blocks, notes),)
+    return (_make_launch(kernel, gpu, tile, name, heads, dims, rows, pairs, keys, blocks, notes),)
 
 
 def fa2_num_splits(blocks_x_heads_x_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
@@ -312,11 +319,11 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
         chunks = np.full_like(kv, choice)
         splits_label = f"{choice} KV splits"
     req, split = _expand(chunks)
-    req, split = np.tile(req, kernel.num_kv_heads), np.tile(split, kernel.num_kv_heads)
-    head = np.repeat(np.arange(kernel.num_kv_heads), len(req) // kernel.num_kv_heads)
     keys = np.clip(kv[req] - split * chunk_keys, 0, chunk_keys)
     rows = np.where(keys > 0, group, 0)
     blocks = -(-keys // tile.block_n)
-    dims = np.column_stack([req, head, np.zeros_like(req), split, rows, keys])
+    heads = kernel.num_kv_heads
+    dims = _head_dims(heads, req, np.zeros_like(req), split, rows, keys)
     notes = (f"tile {tile.block_m}x{tile.block_n}, {splits_label}",)
-    return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", dims, rows, rows * keys, keys, blocks, notes),)
+    return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", heads, dims, rows, rows * keys, keys, blocks,
+                         notes),)

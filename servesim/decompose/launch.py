@@ -8,6 +8,7 @@ blocks issue full MMA tiles), so that the schedule sees what the hardware sees.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,15 +149,34 @@ def task_set(
     demand: dict[str, np.ndarray],
     rates: dict[str, float],
     issued: dict[str, np.ndarray] | None = None,
+    repeats: int = 1,
 ) -> TaskSet:
     """Build a :class:`TaskSet`. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
-    when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one."""
+    when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one.
+
+    ``demand`` and ``issued`` may describe one block of tasks that the launch repeats ``repeats`` times (attention
+    runs the same tiles for every head): ``dims`` then holds every task, and durations are worked out once per
+    block."""
     n = len(dims)
-    useful = _full(demand, n)
-    timed = useful if issued is None else _full(issued, n)
-    duration = np.max(np.vstack([timed[p] / rates[p] for p in PIPES]), axis=0) if n else np.zeros(0)
+    if n % repeats:
+        raise ValueError(f"{n} tasks are not {repeats} repeats of one block")
+    block = n // repeats
+    useful = _full(demand, block)
+    timed = useful if issued is None else _full(issued, block)
+    duration = functools.reduce(np.maximum, (timed[p] / rates[p] for p in PIPES)) if block else np.zeros(0)
+    if repeats > 1:
+        useful, duration = {p: np.tile(v, repeats) for p, v in useful.items()}, np.tile(duration, repeats)
     return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(n, len(dim_names)), useful, duration)
 
 
 def _full(demand: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    return {p: np.broadcast_to(np.asarray(demand.get(p, 0.0), dtype=np.float64), (n,)).copy() for p in PIPES}
+    """Each pipe's demand as a float64 array of ``n`` tasks (a missing pipe or a scalar broadcast); task arrays are
+    never written to, so one already of that form is kept as it is."""
+    full = {}
+    for p in PIPES:
+        value = demand.get(p, 0.0)
+        if isinstance(value, np.ndarray) and value.dtype == np.float64 and value.shape == (n,):
+            full[p] = value
+        else:
+            full[p] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
+    return full

@@ -100,9 +100,14 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
     rates = pipe_rates_per_sm_per_cycle(gpu, launch.tensor_dtype)
     busy = partition.per_sm(tasks.duration_cycles)
     busiest = int(np.argmax(busy)) if tasks.size else 0
-    sm = {p: np.array([partition.per_sm(tasks.demand[p])[busiest]]) for p in PIPES}
-    total = {p: np.array([tasks.demand[p].sum()]) for p in PIPES}
-    feats = {k: float(v[0]) for k, v in _demand_features(sm, total, rates, gpu.sm_count).items()}
+    on_busiest = partition.sm_of_task == busiest
+    # Summed in task order, as a per-SM bincount would.
+    sm = {p: _sum_in_order(tasks.demand[p][on_busiest]) for p in PIPES}
+    feats = {}
+    for p in PIPES:
+        unit, total = _PIPE_UNITS[p], float(tasks.demand[p].sum())
+        feats.update({f"sm_{p}_{unit}": sm[p], f"sm_{p}_cycles": sm[p] / rates[p], f"gpu_{p}_{unit}": total,
+                      f"gpu_{p}_cycles": total / (rates[p] * gpu.sm_count)})
     counts = partition.tasks_per_sm()
     feats.update(
         num_tasks=tasks.size, num_ctas=launch.grid_ctas, ctas_per_sm=partition.ctas_per_sm,
@@ -110,8 +115,12 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
         sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.mean()),
         sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.mean()),
     )
-    feats["theoretical_time_us"] = float(_roofline_us({k: np.array([v]) for k, v in feats.items()}, gpu)[0])
+    feats["theoretical_time_us"] = max(feats[f"sm_{p}_cycles"] for p in PIPES) / gpu.sustained_clock_mhz
     return feats
+
+
+def _sum_in_order(values: np.ndarray) -> float:
+    return float(np.add.accumulate(values)[-1]) if values.size else 0.0
 
 
 def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:

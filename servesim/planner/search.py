@@ -308,7 +308,8 @@ def search_capacity(task: OptionTask) -> OptionResult:
             low = load
         else:
             high = load
-        interpolate = high / low <= math.sqrt(width)
+        # Not more than half as wide in log load; a geometric midpoint halves it exactly but for rounding.
+        interpolate = math.log(high / low) <= 0.5 * math.log(width) + 1e-12
     above = probes[high]
     return finish("ok", probes=_sorted(probes), capacity=probes[low], above=above,
                   unloaded_ms=unloaded.slo_values_ms if unloaded else None,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servesim.serving.state import Step, make_step
-from servesim.serving.step_cache import DecodeSpan
+from servesim.serving.step_cache import DecodeSpan, decode_span_at
 
 if TYPE_CHECKING:
     from servesim.serving.simulator import _Replica
@@ -81,7 +81,7 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         # The longest and the mean context both grow by one a relaunch: the spread, hence the span, stays until
         # the mean leaves it.
         if batch.span is None or not batch.span.covers(context):
-            batch.span = replica.decode_span(size, context, batch.max_context)
+            batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
         overhead_us, stages_us = batch.span.at(context)
         start_s, batch.end_s = replica.occupy(end_s, overhead_us, stages_us)
         log.append((replica.index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))

@@ -33,7 +33,7 @@ from servesim.serving.router import make_router
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import RequestState, Step, finish_step
-from servesim.serving.step_cache import DecodeSpan, decode_span, decode_span_key, step_time_us
+from servesim.serving.step_cache import step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
@@ -52,16 +52,6 @@ class _Replica:
         self.flights: list[tuple[float, Step]] = []  # (end time, step) of micro-batches in flight, in order
         self.cpu_free_s = 0.0
         self.stage_free_s = [0.0] * self.pp
-        self._decode_spans: dict[tuple[int, int, int], DecodeSpan] = {}
-
-    def decode_span(self, num_decodes: int, context: int, max_context: int) -> DecodeSpan:
-        """:func:`decode_span` of ``num_decodes`` decodes at mean context ``context``, the longest ``max_context``,
-        memoised here."""
-        key = decode_span_key(num_decodes, context, max_context)
-        span = self._decode_spans.get(key)
-        if span is None:
-            span = self._decode_spans[key] = decode_span(self.step_model, *key)
-        return span
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
@@ -83,12 +73,7 @@ class _Replica:
                 req.in_flight = True
                 if req.first_scheduled_s < 0:
                     req.first_scheduled_s = now_s
-            if step.prefills:
-                overhead_us, stages_us = step_time_us(self.step_model, step)
-            else:
-                context = step.decode_context_tokens // step.num_decodes
-                overhead_us, stages_us = self.decode_span(step.num_decodes, context,
-                                                          step.decode_max_context).at(context)
+            overhead_us, stages_us = step_time_us(self.step_model, step)
             start_s, end_s = self.occupy(now_s, overhead_us, stages_us)
             self.flights.append((end_s, step))
             launched.append((end_s, step))

@@ -105,16 +105,9 @@ class DecodeSpan:
                 tuple(a + w * d for a, d in zip(self.stage_us, self.stage_delta_us)))
 
 
-def decode_span_key(num_decodes: int, context: int, max_context: int) -> tuple[int, int, int]:
-    """What the :class:`DecodeSpan` of ``num_decodes`` decodes at mean context ``context``, the longest
-    ``max_context``, depends on: ``(num_decodes, the grid context at or below context, the rounded spread)``, the
-    arguments of :func:`decode_span`."""
-    return num_decodes, grid_bounds(context, DECODE_BITS)[0], decode_spread(context, max_context)
-
-
 def decode_span(step_model: StepTimeModel, num_decodes: int, low: int, spread: int) -> DecodeSpan:
     """The :class:`DecodeSpan` of ``num_decodes`` decodes at mean contexts from grid context ``low``, the longest
-    ``spread`` (:func:`decode_spread`) above the mean (:func:`decode_span_key` gives the arguments)."""
+    ``spread`` (:func:`decode_spread`) above the mean."""
     at_low = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low, spread)))
     if low < EXACT_BELOW:  # every context there is on the grid
         return DecodeSpan(low, 0, at_low.overhead_us, at_low.stage_us, 0.0, (0.0,) * len(at_low.stage_us))
@@ -124,12 +117,23 @@ def decode_span(step_model: StepTimeModel, num_decodes: int, low: int, spread: i
                       tuple(b - a for a, b in zip(at_low.stage_us, at_high.stage_us)))
 
 
+def decode_span_at(step_model: StepTimeModel, num_decodes: int, context: int, max_context: int) -> DecodeSpan:
+    """The :class:`DecodeSpan` covering ``num_decodes`` decodes at mean context ``context``, the longest
+    ``max_context``, memoised on the step model by what it depends on: the count, the grid context at or below
+    ``context`` and the rounded spread."""
+    key = num_decodes, grid_bounds(context, DECODE_BITS)[0], decode_spread(context, max_context)
+    span = step_model.decode_spans.get(key)
+    if span is None:
+        span = step_model.decode_spans[key] = decode_span(step_model, *key)
+    return span
+
+
 def decode_step_time_us(step_model: StepTimeModel, num_decodes: int, context_tokens: int,
                         max_context: int) -> tuple[float, tuple[float, ...]]:
     """``(host overhead, per-stage GPU time)``, µs, of a step of ``num_decodes`` decodes holding
     ``context_tokens`` in total, the longest ``max_context``."""
     context = context_tokens // num_decodes
-    return decode_span(step_model, *decode_span_key(num_decodes, context, max_context)).at(context)
+    return decode_span_at(step_model, num_decodes, context, max_context).at(context)
 
 
 def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[float, ...]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,8 @@ class StepTimeModel:
         self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
         #: One layer's attention time, µs, and its number of kernels, by batch.
         self.layer_attention_us = functools.lru_cache(maxsize=65536)(self._layer_attention_us)
+        #: The decode spans servesim/serving/step_cache.py interpolates decode-only steps in, by what they depend on.
+        self.decode_spans: dict[tuple[int, int, int], Any] = {}
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,

@@ -142,6 +142,7 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     full_rows = np.where(rows > 0, tile.block_m, 0)
     issued = _attention_demand(d, q_b, kv_b, full_rows, full_rows * blocks * tile.block_n, blocks * tile.block_n,
                                blocks, tile, full_rows)
+    # Summed over the whole launch, as the task set's tiled arrays are (heads × one head's sum rounds differently).
     share = dram_fraction(kernel.bytes_moved(), np.tile(useful["l2"], heads).sum())
     useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
     tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads)

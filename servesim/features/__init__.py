@@ -77,8 +77,9 @@ def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
     }
 
 
-def _demand_features(sm: dict[str, np.ndarray], total: dict[str, np.ndarray], rates: dict[str, float],
-                     sm_count: int) -> dict[str, np.ndarray]:
+def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndarray | float],
+                     rates: dict[str, float], sm_count: int) -> dict[str, np.ndarray | float]:
+    """Each pipe's busiest-SM and GPU demand and cycles, for a batch of kernels (arrays) or one launch (floats)."""
     out = {}
     for p in PIPES:
         unit = _PIPE_UNITS[p]
@@ -103,11 +104,8 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
     on_busiest = partition.sm_of_task == busiest
     # Summed in task order, as a per-SM bincount would.
     sm = {p: _sum_in_order(tasks.demand[p][on_busiest]) for p in PIPES}
-    feats = {}
-    for p in PIPES:
-        unit, total = _PIPE_UNITS[p], float(tasks.demand[p].sum())
-        feats.update({f"sm_{p}_{unit}": sm[p], f"sm_{p}_cycles": sm[p] / rates[p], f"gpu_{p}_{unit}": total,
-                      f"gpu_{p}_cycles": total / (rates[p] * gpu.sm_count)})
+    total = {p: float(tasks.demand[p].sum()) for p in PIPES}
+    feats = _demand_features(sm, total, rates, gpu.sm_count)
     counts = partition.tasks_per_sm()
     feats.update(
         num_tasks=tasks.size, num_ctas=launch.grid_ctas, ctas_per_sm=partition.ctas_per_sm,
@@ -115,7 +113,7 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
         sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.mean()),
         sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.mean()),
     )
-    feats["theoretical_time_us"] = max(feats[f"sm_{p}_cycles"] for p in PIPES) / gpu.sustained_clock_mhz
+    feats["theoretical_time_us"] = float(_roofline_us(feats, gpu)[0])
     return feats
 
 

@@ -125,7 +125,7 @@ class VllmScheduler:
         """Set the blocks of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`
         (the pool's free count was kept by the caller)."""
         for req in requests:
-            req.kv_held = -(-(req.computed + 1) // self.block_size)
+            req.kv_held = _blocks(req.computed + 1, self.block_size)
 
     def schedule(self) -> Step | None:
         budget = self.token_budget

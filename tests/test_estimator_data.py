@@ -122,6 +122,18 @@ def test_scaled_mm_target_is_the_linear_time_less_the_quantize_kernel():
     assert len(prepared.dropped) == 2  # the host-bound vLLM block path, and a row faster than its quantisation
 
 
+def test_scaled_mm_rows_carry_the_library_of_their_kernel_source():
+    frame = pd.concat([_fp8_rows(), _fp8_rows().iloc[:1].assign(backend="sglang", latency_us=30.0,
+                                                                    kernel_source="sglang_sgl_kernel_fp8_scaled_mm")])
+    samples = samples_from_frame("scaled_mm", prepare_frame("scaled_mm", frame).frame)
+    assert [k.library for k in samples.kernels] == ["cutlass", "sgl_kernel"]
+    assert samples.features.column("library_cutlass").tolist() == [1.0, 0.0]
+    assert samples.features.column("library_sgl_kernel").tolist() == [0.0, 1.0]
+    unknown = _fp8_rows().iloc[:1].assign(kernel_source="SomeNewFp8Kernel")
+    with pytest.raises(ServesimError, match="unknown FP8 kernel source.*SomeNewFp8Kernel"):
+        prepare_frame("scaled_mm", unknown)
+
+
 def test_moe_rows_become_the_local_experts_share_of_balanced_routing():
     base = dict(gpu="H100-SXM", system="h100_sxm", backend="sglang", backend_version="x", num_tokens=32,
                 hidden=2048, intermediate=1536, num_experts=64, topk=8, moe_tp=2, moe_ep=4, dtype="bf16",

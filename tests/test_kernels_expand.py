@@ -228,6 +228,22 @@ def test_fp8_quantises_every_linear_but_router_and_lm_head(dtype, scale):
     assert fp8.bytes_moved < bf16.bytes_moved
 
 
+@pytest.mark.parametrize("engine,dtype,library", [
+    ("vllm", "fp8", "cutlass"), ("sglang", "fp8", "sgl_kernel"), ("vllm", "fp8-block", "deepgemm"),
+    ("sglang", "fp8-block", "deepgemm"),
+])
+def test_fp8_linears_name_the_library_the_engine_runs(engine, dtype, library):
+    step = expand(engine, LLAMA70, H100, BIG_PREFILL, tp=4, dtype=dtype)
+    assert {s.op.library for s in step.kernels if isinstance(s.op, ScaledMM)} == {library}
+
+
+def test_scaled_mm_library_must_run_its_scale():
+    assert ScaledMM(m=8, n=64, k=64, scale="block").library == "deepgemm"
+    assert ScaledMM(m=8, n=64, k=64) != ScaledMM(m=8, n=64, k=64, library="sgl_kernel")
+    with pytest.raises(ValueError, match="no block-scaled MM in library 'cutlass'"):
+        ScaledMM(m=8, n=64, k=64, scale="block", library="cutlass")
+
+
 def test_fp8_needs_fp8_tensor_cores():
     with pytest.raises(ServesimError, match="FP8"):
         expand("vllm", LLAMA70, AMPERE, BIG_PREFILL, tp=4, dtype="fp8")

@@ -155,8 +155,8 @@ def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
 
 
 def _scaled_mm_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    return [ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s))
-            for m, n, k, s in zip(frame["m"], frame["n"], frame["k"], frame["scaling"])]
+    return [ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s), library=str(lib))
+            for m, n, k, s, lib in zip(frame["m"], frame["n"], frame["k"], frame["scaling"], frame["library"])]
 
 
 def _quantize_kernels(frame: pd.DataFrame) -> list[Kernel]:
@@ -183,6 +183,15 @@ _HOST_BOUND_FP8_SOURCES = frozenset({
 })
 
 
+#: aiconfigurator's FP8 kernel_source -> the ScaledMM library that ran it. Our collections time
+#: ``torch._scaled_mm``, which calls cuBLASLt.
+SCALED_MM_LIBRARY_OF_SOURCE: Mapping[str, str] = MappingProxyType({
+    "CutlassFP8ScaledMMLinearKernel": "cutlass",
+    "sglang_sgl_kernel_fp8_scaled_mm": "sgl_kernel",
+    "sglang_deepgemm_gemm_nt_f8f8bf16": "deepgemm",
+})
+
+
 def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     """aiconfigurator's FP8 rows time the engine's linear layer: dynamic activation quantisation, then the scaled
     MM. The step model has the quantisation as its own ``Quantize`` kernel, timed by the roofline, so their
@@ -192,6 +201,12 @@ def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataF
     frame = _drop(frame, ~_sources(frame).isin(_HOST_BOUND_FP8_SOURCES),
                   "vLLM block-scaled FP8 linears (flat in m, several times SGLang's DeepGEMM: host-bound)",
                   dropped).reset_index(drop=True)
+    local = _local(frame)
+    unknown = sorted(set(_sources(frame)[~local]) - set(SCALED_MM_LIBRARY_OF_SOURCE))
+    if unknown:
+        raise ServesimError(f"unknown FP8 kernel source(s) {', '.join(unknown)}; map them in "
+                            "servesim.estimator.datasets.SCALED_MM_LIBRARY_OF_SOURCE")
+    frame = frame.assign(library=np.where(local, "cublaslt", _sources(frame).map(SCALED_MM_LIBRARY_OF_SOURCE)))
     quant_us = np.where(_local(frame), 0.0, _fallback_us(frame, _quantize_kernels(frame)))
     frame = frame.assign(latency_us=frame["latency_us"] - quant_us)
     return _drop(frame, frame["latency_us"] > 0, "measured time not above the Quantize kernel's roofline time",

@@ -5,6 +5,9 @@ Two attention kernels with the same SynPerf features can differ in measured time
 FlashInfer wrappers launch different kernels around the TRT-LLM-gen core) and by the KV-cache page size, which
 the engines set differently (vLLM 16, SGLang 1, or 64 with ``trtllm_mha``). Attention categories therefore also
 get the backend (one-hot), page size, KV layout and the shape the backends' split heuristics branch on.
+
+Likewise the engines' per-tensor FP8 linears share a CUTLASS tiling but not their times (vLLM's
+``cutlass_scaled_mm`` against SGLang's sgl-kernel build), so scaled MMs also get their library (one-hot).
 """
 
 from __future__ import annotations
@@ -16,9 +19,8 @@ import numpy as np
 from servesim.decompose.attention import BACKENDS
 from servesim.features import FeatureMatrix, kernel_features
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.types import AttentionPrefill, Kernel, dtype_bytes
+from servesim.kernels.types import SCALED_MM_LIBRARIES, AttentionPrefill, Kernel, ScaledMM, dtype_bytes
 
-ATTENTION_CATEGORIES = frozenset({"attn_prefill", "attn_decode"})
 ATTENTION_DESCRIPTORS = (
     "requests", "query_tokens_mean", "kv_tokens_mean", "kv_tokens_max", "head_dim", "num_kv_heads", "gqa_group",
     "kv_bytes_per_element", "page_size", "ragged_kv", *(f"backend_{b}" for b in BACKENDS),
@@ -37,11 +39,28 @@ def _attention_descriptors(kernels: Sequence[Kernel]) -> np.ndarray:
     return np.array(rows, dtype=np.float64).reshape(len(kernels), len(ATTENTION_DESCRIPTORS))
 
 
+_LIBRARIES = tuple(dict.fromkeys(lib for libs in SCALED_MM_LIBRARIES.values() for lib in libs))
+SCALED_MM_DESCRIPTORS = tuple(f"library_{lib}" for lib in _LIBRARIES)
+
+
+def _scaled_mm_descriptors(kernels: Sequence[ScaledMM]) -> np.ndarray:
+    library = np.array([k.library for k in kernels])
+    return (library[:, None] == np.array(_LIBRARIES)[None, :]).astype(np.float64)
+
+
+#: Category -> the names of the kernel's own descriptors and the function that computes them.
+_DESCRIPTORS = {
+    "attn_prefill": (ATTENTION_DESCRIPTORS, _attention_descriptors),
+    "attn_decode": (ATTENTION_DESCRIPTORS, _attention_descriptors),
+    "scaled_mm": (SCALED_MM_DESCRIPTORS, _scaled_mm_descriptors),
+}
+
+
 def estimator_inputs(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
-    """The MLP inputs of a batch of kernels of one category on ``gpu``: :func:`kernel_features`, then for
-    attention the :data:`ATTENTION_DESCRIPTORS`."""
+    """The MLP inputs of a batch of kernels of one category on ``gpu``: :func:`kernel_features`, then the
+    category's descriptors (:data:`ATTENTION_DESCRIPTORS`, :data:`SCALED_MM_DESCRIPTORS`), if it has any."""
     matrix = kernel_features(kernels, gpu)
-    if not kernels or kernels[0].category not in ATTENTION_CATEGORIES:
+    if not kernels or kernels[0].category not in _DESCRIPTORS:
         return matrix
-    return FeatureMatrix((*matrix.names, *ATTENTION_DESCRIPTORS),
-                         np.hstack([matrix.values, _attention_descriptors(kernels)]))
+    names, describe = _DESCRIPTORS[kernels[0].category]
+    return FeatureMatrix((*matrix.names, *names), np.hstack([matrix.values, describe(kernels)]))

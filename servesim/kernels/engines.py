@@ -93,6 +93,7 @@ class EngineConfig:
     #: The LM head runs inside the decode CUDA graph, on the padded batch (SGLang captures logits).
     lm_head_in_graph: bool = False
     default_page_size: int = 16  # KV-cache tokens per page (vLLM block_size, SGLang page_size)
+    fp8_tensor_library: str = "cutlass"  # runs per-tensor FP8 linears (ScaledMM.library)
     backend_page_sizes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -181,6 +182,7 @@ SGLANG = SglangConfig(
     lm_head_in_graph=True,
     default_page_size=1,
     backend_page_sizes={"trtllm_mha": 64},
+    fp8_tensor_library="sgl_kernel",
 )
 
 ENGINES: dict[str, EngineConfig] = {e.name: e for e in (VLLM, SGLANG)}

@@ -197,7 +197,8 @@ class _Ctx:
         block = self.weights == "fp8-block"
         quant = Quantize(rows=self.tokens, cols=k, group=128 if block else 0, in_dtype=self.act, name=f"{name}.quant")
         mm = ScaledMM(
-            m=self.tokens, n=n, k=k, scale="block" if block else "tensor", bias=bias, out_dtype=self.act, name=name
+            m=self.tokens, n=n, k=k, scale="block" if block else "tensor", bias=bias, out_dtype=self.act,
+            library="" if block else self.engine.fp8_tensor_library, name=name,
         )
         return [quant, mm]
 

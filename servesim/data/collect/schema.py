@@ -157,7 +157,7 @@ def shape_kernel(shape: Shape, attention_backend: str = "") -> Kernel | None:
     if shape.category == "gemm":
         return Gemm(m=s["m"], n=s["n"], k=s["k"], dtype=s["dtype"], out_dtype=s["dtype"])
     if shape.category == "scaled_mm":
-        return ScaledMM(m=s["m"], n=s["n"], k=s["k"], scale=s["scaling"], out_dtype="bf16")
+        return ScaledMM(m=s["m"], n=s["n"], k=s["k"], scale=s["scaling"], out_dtype="bf16", library="cublaslt")
     heads = {}
     if shape.category in ("context_attention", "generation_attention"):
         heads = dict(num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"],

@@ -36,6 +36,26 @@ def test_scaled_mm_ctas_follow_vllm_sm90_dispatch():
         assert launch.tasks.demand["tensor"].sum() == pytest.approx(kernel.flops())
 
 
+def test_sgl_kernel_scaled_mm_follows_its_sm90_and_sm100_dispatch():
+    # sgl-kernel fp8_gemm_kernel.cu: SM90 m <= 256 -> 64x64 tiles, else 128x128; SM100 m <= 256 -> 128x128 2-SM
+    # tiles, 64 rows per SM
+    for gpu, m, tile_m, tile_n in [(H100, 200, 64, 64), (H100, 300, 128, 128), (get_gpu("B200"), 200, 64, 128)]:
+        kernel = ScaledMM(m=m, n=4096, k=4096, library="sgl_kernel")
+        (launch,) = decompose(kernel, gpu)
+        assert launch.tasks.size == -(-m // tile_m) * (4096 // tile_n)
+        assert launch.tasks.demand["tensor"].sum() == pytest.approx(kernel.flops())
+
+
+def test_deepgemm_blocks_fill_the_fewest_waves():
+    # 512 x 8192 on 132 SMs: 256 x 128 blocks make 128 tiles, one wave; 128 x 128 would take two.
+    kernel = ScaledMM(m=512, n=8192, k=8192, scale="block")
+    (launch,) = decompose(kernel, H100)
+    assert launch.tasks.size == 2 * 64 and launch.notes[0].startswith("tile 256x128")
+    # One token: the smallest block_m, and block_n 64 puts the 128 tiles in one wave.
+    (launch,) = decompose(ScaledMM(m=1, n=8192, k=8192, scale="block"), H100)
+    assert launch.notes[0].startswith("tile 16x64")
+
+
 def test_skinny_gemm_splits_k_and_keeps_flops():
     kernel = Gemm(m=4, n=4096, k=8192)
     (launch,) = decompose(kernel, H100)

@@ -32,6 +32,16 @@ def test_vectorised_gemm_features_equal_decompose_and_schedule(gpu):
             np.testing.assert_allclose(fp8.values[i], [features_of(kernel, gpu)[n] for n in FEATURE_NAMES], rtol=1e-9)
 
 
+@pytest.mark.parametrize("gpu_name", ["H100-SXM", "B200", "L40S", "RTX-PRO-6000"])
+@pytest.mark.parametrize("library,scale", [("cutlass", "tensor"), ("sgl_kernel", "tensor"), ("deepgemm", "block")])
+def test_vectorised_scaled_mm_features_equal_decompose_and_schedule_for_every_library(gpu_name, library, scale):
+    gpu = get_gpu(gpu_name)
+    kernels = [ScaledMM(m=m, n=n, k=k, library=library, scale=scale) for m, n, k in SHAPES]
+    fast = kernel_features(kernels, gpu)
+    for i, kernel in enumerate(kernels):
+        np.testing.assert_allclose(fast.values[i], [features_of(kernel, gpu)[n] for n in FEATURE_NAMES], rtol=1e-9)
+
+
 def test_gpu_tensor_ops_equal_flops_and_roofline_is_the_slowest_pipe():
     kernel = Gemm(m=4096, n=8192, k=8192)
     f = features_of(kernel, H20)

@@ -180,7 +180,7 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     for key in np.unique(keys, axis=0):
         rows_of_key = np.all(keys == key, axis=1)
         ctas_per_sm[rows_of_key] = occupancy(LaunchConfig(int(key[0]), t.registers, int(key[1])), gpu).ctas_per_sm
-    grid = np.minimum(tasks, sm_count * ctas_per_sm) if t.persistent else tasks
+    grid = np.where(t.persistent, np.minimum(tasks, sm_count * ctas_per_sm), tasks)
     per_sm_max = -(-tasks // sm_count)
     busy_max = per_sm_max * tile_cycles
     busy_mean = tasks * tile_cycles / sm_count
@@ -196,7 +196,8 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
 
 def _gemm_group_key(kernel: Kernel) -> tuple:
     if isinstance(kernel, ScaledMM):
-        return (kernel.dtype, kernel.out_dtype, kernel.bias, kernel.scale, kernel.block_n, kernel.block_k)
+        return (kernel.dtype, kernel.out_dtype, kernel.bias, kernel.scale, kernel.block_n, kernel.block_k,
+                kernel.library)
     return (kernel.dtype, kernel.out_dtype, kernel.bias)
 
 

@@ -87,6 +87,7 @@ def test_explain_gemm_prints_tasks_occupancy_distribution_features_and_bottlenec
     (silu_mul, ["--tokens", "64", "--dim", "14336"]),
     (moe, ["--tokens", "64", "--experts", "8", "--top-k", "2", "--hidden", "4096", "--intermediate", "7168"]),
     (scaled_mm, ["--m", "64", "--n", "4096", "--k", "4096", "--scale", "block"]),
+    (scaled_mm, ["--m", "64", "--n", "4096", "--k", "4096", "--library", "sgl_kernel"]),
 ])
 def test_every_subcommand_gives_json_with_features(command, args):
     result = CliRunner().invoke(command, ["--gpu", "H100-SXM", *args, "--json"])
@@ -101,4 +102,8 @@ def test_bad_input_is_a_one_line_error():
     assert result.exit_code != 0 and isinstance(result.exception, ServesimError)
     result = CliRunner().invoke(scaled_mm, ["--gpu", "A100-SXM-80GB", "--m", "1", "--n", "8", "--k", "8"])
     assert isinstance(result.exception, ServesimError) and "fp8" in str(result.exception)
+    result = CliRunner().invoke(scaled_mm, ["--gpu", "H100-SXM", "--m", "1", "--n", "8", "--k", "8", "--scale",
+                                            "block", "--library", "cutlass"])
+    assert isinstance(result.exception, ServesimError) and "no block-scaled MM in library 'cutlass'" in str(
+        result.exception)
     assert {c.name for c in SUBCOMMANDS} == {"gemm", "scaled-mm", "attention", "rmsnorm", "silu-mul", "moe"}

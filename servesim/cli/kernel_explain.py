@@ -126,12 +126,16 @@ def gemm(m: int, n: int, k: int, dtype: str, gpu: str, explain: bool, output_for
 @_positive("--n")
 @_positive("--k")
 @click.option("--scale", type=click.Choice(["tensor", "block"]), default="tensor", show_default=True)
+@click.option("--library", type=click.Choice(["cutlass", "sgl_kernel", "cublaslt", "deepgemm"]), default=None,
+              help="Implementation: vLLM's CUTLASS (default for tensor scales), SGLang's sgl-kernel, cuBLASLt, or "
+                   "DeepGEMM (block scales).")
 @_common
-def scaled_mm(m: int, n: int, k: int, scale: str, gpu: str, explain: bool, output_format: str) -> None:
-    """Analyse vLLM's CUTLASS FP8 scaled matrix multiply."""
+def scaled_mm(m: int, n: int, k: int, scale: str, library: str | None, gpu: str, explain: bool,
+              output_format: str) -> None:
+    """Analyse an FP8 scaled matrix multiply as its library tiles it."""
     from servesim.kernels.types import ScaledMM
 
-    _run(lambda: ScaledMM(m=m, n=n, k=k, scale=scale), gpu, explain, output_format)
+    _run(lambda: ScaledMM(m=m, n=n, k=k, scale=scale, library=library or ""), gpu, explain, output_format)
 
 
 @click.command("attention")

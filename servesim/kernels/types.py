@@ -130,7 +130,7 @@ class ScaledMM(Kernel):
 
     def shape(self) -> str:
         scale = "tensor" if self.scale == "tensor" else f"block {self.block_n}x{self.block_k}"
-        return f"m={self.m} n={self.n} k={self.k} scale={scale}" + (" +bias" if self.bias else "")
+        return f"m={self.m} n={self.n} k={self.k} scale={scale} {self.library}" + (" +bias" if self.bias else "")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,25 +43,42 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
     if n == 0 or (duration_cycles[0] > 0 and np.all(duration_cycles == duration_cycles[0])):
         return np.arange(n) % sm_count  # equal work: a closed form (an all-empty grid is not, see below)
     first = min(n, sm_count * ctas_per_sm)
-    # A slot is (finish, j) for the j-th slot filled: slot round j // sm_count on SM j % sm_count, which orders ties
-    # by round, then SM.
-    heap = list(zip(duration_cycles[:first].tolist(), range(first)))
-    heapq.heapify(heap)
-    replace = heapq.heapreplace
+    # Slot j is the j-th slot filled: slot round j // sm_count on SM j % sm_count, so that ordering slots that free
+    # at once by j orders them by round, then SM.
     later = first + np.flatnonzero(duration_cycles[first:])  # the later CTAs with work
-    taken = []
-    take = taken.append
-    for duration in duration_cycles[later].tolist():  # each takes the slot that frees first
-        top = heap[0]
-        take(top[1])
-        replace(heap, (top[0] + duration, top[1]))
-    take(heap[0][1])
+    taken = _slots_taken(duration_cycles[:first], duration_cycles[later])
     # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
-    # heap as it was: it lands on the slot the next CTA with work takes (after the last one, the first to free).
+    # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free).
     sm_of_task = np.empty(n, dtype=np.int64)
     sm_of_task[:first] = np.arange(first) % sm_count
-    sm_of_task[first:] = np.array(taken, dtype=np.int64)[np.searchsorted(later, np.arange(first, n))] % sm_count
+    sm_of_task[first:] = taken[np.searchsorted(later, np.arange(first, n))] % sm_count
     return sm_of_task
+
+
+def _slots_taken(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
+    """The slot each CTA of ``later_cycles`` takes, in turn the one that frees first (ties: lowest slot), with slot
+    j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all.
+
+    A heap would take the CTAs one at a time. Here they go a batch at a time: with the slots sorted by when they
+    free, the next CTAs take them in that order for as long as each slot frees strictly before every slot the batch
+    has refilled so far (the first always does). Finish times are the same additions a heap makes, so the slots
+    are the heap's, CTA for CTA; a batch is typically a wave of slots."""
+    finish = first_cycles.copy()
+    taken = np.empty(len(later_cycles) + 1, dtype=np.int64)
+    start = 0
+    while start < len(later_cycles):
+        order = np.argsort(finish, kind="stable")
+        frees = finish[order]
+        size = min(len(order), len(later_cycles) - start)
+        refilled = frees[:size] + later_cycles[start:start + size]
+        in_turn = frees[1:size] < np.minimum.accumulate(refilled[:size - 1])
+        if not in_turn.all():
+            size = 1 + int(np.argmin(in_turn))
+        taken[start:start + size] = order[:size]
+        finish[order[:size]] = refilled[:size]
+        start += size
+    taken[-1] = np.argmin(finish)
+    return taken
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:

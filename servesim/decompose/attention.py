@@ -135,7 +135,7 @@ def _attention_demand(head_dim: int, q_bytes: float, kv_bytes: float, rows, pair
 
 def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: np.ndarray, rows, pairs,
                  keys, blocks, notes: tuple[str, ...]) -> Launch:
-    """The launch of ``heads`` repeats of one head's tasks: ``dims`` holds every task, the work arrays one head's."""
+    """The launch of ``heads`` repeats of one head's tasks (``dims`` and the work arrays)."""
     rates = pipe_rates_per_sm_per_cycle(gpu, kernel.dtype)
     q_b, kv_b, d = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype), kernel.head_dim
     useful = _attention_demand(d, q_b, kv_b, rows, pairs, keys, blocks, tile, rows)
@@ -145,7 +145,7 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     # Summed over the whole launch, as the task set's tiled arrays are (heads × one head's sum rounds differently).
     share = dram_fraction(kernel.bytes_moved(), np.tile(useful["l2"], heads).sum())
     useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
-    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads)
+    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head")
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)
     grid = tasks.size
     if tile.persistent:
@@ -153,12 +153,9 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     return Launch(name, config, tasks, MIN_HEAP if tile.persistent else ROUND_ROBIN, grid, kernel.dtype, notes)
 
 
-def _head_dims(heads: int, request, tile_idx, split, rows, keys) -> np.ndarray:
-    """The task dimensions of ``heads`` repeats of one head's tasks, in launch order (heads outermost)."""
-    per_head = np.column_stack([request, np.zeros_like(request), tile_idx, split, rows, keys])
-    dims = np.tile(per_head, (heads, 1))
-    dims[:, 1] = np.repeat(np.arange(heads), len(per_head))
-    return dims
+def _head_dims(request, tile_idx, split, rows, keys) -> np.ndarray:
+    """One head's task dimensions, in launch order (head 0)."""
+    return np.column_stack([request, np.zeros_like(request), tile_idx, split, rows, keys])
 
 
 def _check(kernel) -> str:
@@ -204,7 +201,7 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
     row_b = np.minimum(row_a + tile.block_m, q[req] * pack)
     pairs, keys, blocks = _tile_work(q[req], kv[req], row_a, row_b, pack, kernel.causal, tile.block_n)
     rows = row_b - row_a
-    dims = _head_dims(heads, req, tile_idx, np.zeros_like(req), rows, keys)
+    dims = _head_dims(req, tile_idx, np.zeros_like(req), rows, keys)
     name = f"{kernel.backend} prefill"
     notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else ""),)
     return (_make_launch(kernel, gpu, tile, name, heads, dims, rows, pairs, keys, blocks, notes),)
@@ -324,7 +321,7 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
     rows = np.where(keys > 0, group, 0)
     blocks = -(-keys // tile.block_n)
     heads = kernel.num_kv_heads
-    dims = _head_dims(heads, req, np.zeros_like(req), split, rows, keys)
+    dims = _head_dims(req, np.zeros_like(req), split, rows, keys)
     notes = (f"tile {tile.block_m}x{tile.block_n}, {splits_label}",)
     return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", heads, dims, rows, rows * keys, keys, blocks,
                          notes),)

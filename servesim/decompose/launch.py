@@ -8,7 +8,6 @@ blocks issue full MMA tiles), so that the schedule sees what the hardware sees.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,18 +86,38 @@ def occupancy(launch: LaunchConfig, gpu: GpuSpec) -> Occupancy:
 class TaskSet:
     """Per-task arrays, one entry per task, in launch order.
 
-    ``dims`` holds each task's dimension vector (columns named by ``dim_names``, e.g. rows, cols, k of a GEMM tile);
-    demand arrays are keyed by :data:`PIPES`.
+    :attr:`dims` gives each task's dimension vector (columns named by ``dim_names``, e.g. rows, cols, k of a GEMM
+    tile); ``demand_by_pipe`` each pipe's demand, a row per pipe of :data:`PIPES`, so that features reduce every
+    pipe in one call. A launch may run one block of tasks ``repeats`` times (attention runs the same tiles for every
+    head): ``block_dims`` then holds one block's dimensions, and the dimension named ``repeat_dim`` numbers the
+    repeats. Only a display asks for every task's dimensions, so they are not built otherwise.
     """
 
     dim_names: tuple[str, ...]
-    dims: np.ndarray  # (n_tasks, len(dim_names)) int64
-    demand: dict[str, np.ndarray]  # pipe -> (n_tasks,) float64
+    block_dims: np.ndarray  # (n_tasks // repeats, len(dim_names)) int64
+    demand_by_pipe: np.ndarray  # (len(PIPES), n_tasks) float64
     duration_cycles: np.ndarray  # (n_tasks,) float64
+    repeats: int = 1
+    repeat_dim: str = ""
 
     @property
     def size(self) -> int:
         return len(self.duration_cycles)
+
+    @property
+    def dims(self) -> np.ndarray:
+        """``(n_tasks, len(dim_names))``: each task's dimensions, in launch order."""
+        if self.repeats == 1:
+            return self.block_dims
+        dims = np.empty((self.repeats, *self.block_dims.shape), dtype=np.int64)
+        dims[:] = self.block_dims
+        dims[:, :, self.dim_names.index(self.repeat_dim)] = np.arange(self.repeats)[:, None]
+        return dims.reshape(-1, len(self.dim_names))
+
+    @property
+    def demand(self) -> dict[str, np.ndarray]:
+        """Each pipe's per-task demand, keyed by :data:`PIPES`."""
+        return dict(zip(PIPES, self.demand_by_pipe))
 
     def uniform(self) -> bool:
         """Whether every task occupies its slot equally long (then round-robin has a closed form)."""
@@ -150,33 +169,28 @@ def task_set(
     rates: dict[str, float],
     issued: dict[str, np.ndarray] | None = None,
     repeats: int = 1,
+    repeat_dim: str = "",
 ) -> TaskSet:
     """Build a :class:`TaskSet`. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
     when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one.
 
-    ``demand`` and ``issued`` may describe one block of tasks that the launch repeats ``repeats`` times (attention
-    runs the same tiles for every head): ``dims`` then holds every task, and durations are worked out once per
-    block."""
-    n = len(dims)
-    if n % repeats:
-        raise ValueError(f"{n} tasks are not {repeats} repeats of one block")
-    block = n // repeats
-    useful = _full(demand, block)
-    timed = useful if issued is None else _full(issued, block)
-    duration = functools.reduce(np.maximum, (timed[p] / rates[p] for p in PIPES)) if block else np.zeros(0)
+    ``dims``, ``demand`` and ``issued`` may describe one block of tasks that the launch repeats ``repeats`` times
+    (attention runs the same tiles for every head), numbered in the dimension ``repeat_dim``: durations are then
+    worked out once per block."""
+    block = len(dims)
+    useful = _by_pipe(demand, block)
+    timed = useful if issued is None else _by_pipe(issued, block)
+    rates_by_pipe = np.array([rates[p] for p in PIPES])[:, None]
+    duration = (timed / rates_by_pipe).max(axis=0) if block else np.zeros(0)
     if repeats > 1:
-        useful, duration = {p: np.tile(v, repeats) for p, v in useful.items()}, np.tile(duration, repeats)
-    return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(n, len(dim_names)), useful, duration)
+        useful, duration = np.tile(useful, (1, repeats)), np.tile(duration, repeats)
+    return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(block, len(dim_names)), useful, duration,
+                   repeats, repeat_dim)
 
 
-def _full(demand: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """Each pipe's demand as a float64 array of ``n`` tasks (a missing pipe or a scalar broadcast); task arrays are
-    never written to, so one already of that form is kept as it is."""
-    full = {}
-    for p in PIPES:
-        value = demand.get(p, 0.0)
-        if isinstance(value, np.ndarray) and value.dtype == np.float64 and value.shape == (n,):
-            full[p] = value
-        else:
-            full[p] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
-    return full
+def _by_pipe(demand: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """Each pipe's demand as a row of a float64 array of ``n`` tasks (a missing pipe or a scalar broadcast)."""
+    by_pipe = np.empty((len(PIPES), n))
+    for row, p in zip(by_pipe, PIPES):
+        row[...] = demand.get(p, 0.0)
+    return by_pipe

@@ -10,6 +10,7 @@ against which the estimator learns efficiency = theoretical / measured.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
@@ -90,9 +91,8 @@ def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndar
     return out
 
 
-def _roofline_us(features: dict[str, np.ndarray], gpu: GpuSpec) -> np.ndarray:
-    cycles = np.max(np.vstack([np.asarray(features[f"sm_{p}_cycles"], dtype=np.float64) for p in PIPES]), axis=0)
-    return cycles / gpu.sustained_clock_mhz
+def _roofline_us(features: dict[str, np.ndarray | float], gpu: GpuSpec) -> np.ndarray | float:
+    return functools.reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
 
 
 def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[str, float]:
@@ -103,8 +103,8 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
     busiest = int(np.argmax(busy)) if tasks.size else 0
     on_busiest = partition.sm_of_task == busiest
     # Summed in task order, as a per-SM bincount would.
-    sm = {p: _sum_in_order(tasks.demand[p][on_busiest]) for p in PIPES}
-    total = {p: float(tasks.demand[p].sum()) for p in PIPES}
+    sm = dict(zip(PIPES, _sums_in_order(tasks.demand_by_pipe[:, on_busiest])))
+    total = dict(zip(PIPES, tasks.demand_by_pipe.sum(axis=1).tolist()))
     feats = _demand_features(sm, total, rates, gpu.sm_count)
     counts = partition.tasks_per_sm()
     feats.update(
@@ -113,12 +113,13 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
         sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.mean()),
         sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.mean()),
     )
-    feats["theoretical_time_us"] = float(_roofline_us(feats, gpu)[0])
+    feats["theoretical_time_us"] = float(_roofline_us(feats, gpu))
     return feats
 
 
-def _sum_in_order(values: np.ndarray) -> float:
-    return float(np.add.accumulate(values)[-1]) if values.size else 0.0
+def _sums_in_order(rows: np.ndarray) -> list[float]:
+    """Each row's sum, element after element."""
+    return np.add.accumulate(rows, axis=1)[:, -1].tolist() if rows.shape[1] else [0.0] * len(rows)
 
 
 def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:

@@ -45,13 +45,15 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
     first = min(n, sm_count * ctas_per_sm)
     # Slot j is the j-th slot filled: slot round j // sm_count on SM j % sm_count, so that ordering slots that free
     # at once by j orders them by round, then SM.
-    later = first + np.flatnonzero(duration_cycles[first:])  # the later CTAs with work
-    taken = _slots_taken(duration_cycles[:first], duration_cycles[later])
+    later = duration_cycles[first:]
+    has_work = later != 0
+    taken_sm = _slots_taken(duration_cycles[:first], later[has_work]) % sm_count
     # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
-    # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free).
+    # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free),
+    # the one numbered by how many CTAs with work come before it.
     sm_of_task = np.empty(n, dtype=np.int64)
     sm_of_task[:first] = np.arange(first) % sm_count
-    sm_of_task[first:] = taken[np.searchsorted(later, np.arange(first, n))] % sm_count
+    sm_of_task[first:] = taken_sm[np.cumsum(has_work) - has_work]
     return sm_of_task
 
 

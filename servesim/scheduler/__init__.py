@@ -12,7 +12,6 @@ Persistent CTAs fit in one wave (grid <= SMs x occupancy), so CTA c lives on SM 
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,13 +57,13 @@ def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) ->
 
 
 def _slots_taken(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
-    """The slot each CTA of ``later_cycles`` takes, in turn the one that frees first (ties: lowest slot), with slot
+    """The slot each task of ``later_cycles`` takes, in turn the one that frees first (ties: lowest slot), with slot
     j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all.
 
-    A heap would take the CTAs one at a time. Here they go a batch at a time: with the slots sorted by when they
-    free, the next CTAs take them in that order for as long as each slot frees strictly before every slot the batch
-    has refilled so far (the first always does). Finish times are the same additions a heap makes, so the slots
-    are the heap's, CTA for CTA; a batch is typically a wave of slots."""
+    A heap would take the tasks one at a time. Here they go a batch at a time: with the slots sorted by when they
+    free, the next tasks take them in that order for as long as each slot frees strictly before every slot the
+    batch has refilled so far (the first always does). Finish times are the same additions a heap makes, so the
+    slots are the heap's, task for task; a batch is typically a wave of slots."""
     finish = first_cycles.copy()
     taken = np.empty(len(later_cycles) + 1, dtype=np.int64)
     start = 0
@@ -84,48 +83,17 @@ def _slots_taken(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarr
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
-    """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index).
-
-    Tasks come in runs of equal duration (every head and tile of one request alike). Within a run, the least-loaded
-    CTAs (all of them equally loaded, lowest index first) each take one task before any of them can be least loaded
-    again, so a run is assigned a level of loads at a time with the same additions a heap would make; the result
-    is the heap's, task for task.
-    """
+    """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index): a CTA's load is when
+    it would free, so the tasks, longest first, each take the CTA that frees first. Empty tasks come last and add
+    nothing: they all go to the CTA least loaded after the others."""
     order = np.argsort(-duration_cycles, kind="stable")
     durations = duration_cycles[order]
-    starts = np.flatnonzero(np.concatenate(([True], durations[1:] != durations[:-1])))
-    if len(starts) * 4 > len(durations):
-        return _min_heap_by_task(duration_cycles, order, grid_ctas)
-    loads = np.zeros(max(grid_ctas, 1))
-    cta_in_order = np.empty(len(durations), dtype=np.int64)
-    bounds = np.append(starts, len(durations))
-    for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        duration = float(durations[start])
-        while start < end:
-            level = loads.min()
-            if level + duration == level:  # adding the task leaves that CTA least loaded: the rest go there too
-                cta_in_order[start:end] = np.flatnonzero(loads == level)[0]
-                break
-            ctas = np.flatnonzero(loads == level)[:end - start]
-            cta_in_order[start:start + len(ctas)] = ctas
-            loads[ctas] += duration
-            start += len(ctas)
-    cta = np.empty_like(cta_in_order)
-    cta[order] = cta_in_order
+    with_work = np.count_nonzero(durations)
+    taken = _slots_taken(np.zeros(max(grid_ctas, 1)), durations[:with_work])
+    cta = np.empty(len(order), dtype=np.int64)
+    cta[order[:with_work]] = taken[:-1]
+    cta[order[with_work:]] = taken[-1]
     return cta
-
-
-def _min_heap_by_task(duration_cycles: np.ndarray, order: np.ndarray, grid_ctas: int) -> np.ndarray:
-    """:func:`min_heap` one task at a time, for launches whose durations are mostly distinct."""
-    cta = [0] * len(duration_cycles)
-    heap = [(0.0, c) for c in range(max(grid_ctas, 1))]
-    durations = duration_cycles.tolist()
-    replace = heapq.heapreplace
-    for j in order.tolist():
-        load, c = heap[0]
-        cta[j] = c
-        replace(heap, (load + durations[j], c))
-    return np.array(cta, dtype=np.int64)
 
 
 def static_persistent(n_tasks: int, grid_ctas: int) -> np.ndarray:

@@ -213,14 +213,19 @@ def fa2_num_splits(blocks_x_heads_x_mblocks: int, num_sms: int, num_n_blocks: in
     give the same blocks per split as one fewer."""
     if blocks_x_heads_x_mblocks >= 0.8 * num_sms:
         return 1
-    max_splits = min(max_splits, num_sms, num_n_blocks)
-    efficiency = []
-    for splits in range(1, max_splits + 1):
-        eligible = splits == 1 or -(-num_n_blocks // splits) != -(-num_n_blocks // (splits - 1))
-        waves = blocks_x_heads_x_mblocks * splits / num_sms
-        efficiency.append(waves / np.ceil(waves) if eligible else 0.0)
-    best = max(efficiency, default=0.0)
-    return next((s for s, e in enumerate(efficiency, 1) if e > 0 and e >= 0.85 * best), 1)
+    splits = np.arange(1, min(max_splits, num_sms, num_n_blocks) + 1)
+    blocks_per_split = -(-num_n_blocks // splits)
+    eligible = np.append(True, blocks_per_split[1:] != blocks_per_split[:-1])
+    efficiency = np.where(eligible, _wave_efficiency(blocks_x_heads_x_mblocks, splits, num_sms), 0.0)
+    best = efficiency.max(initial=0.0)
+    chosen = np.flatnonzero((efficiency > 0) & (efficiency >= 0.85 * best))
+    return int(splits[chosen[0]]) if chosen.size else 1
+
+
+def _wave_efficiency(ctas_per_split: int, splits: np.ndarray, num_sms: int) -> np.ndarray:
+    """How full the last wave of ``ctas_per_split`` CTAs times each of ``splits`` is, 0 to 1."""
+    waves = ctas_per_split * splits / num_sms
+    return waves / np.ceil(waves)
 
 
 def fa3_num_splits(total_mblocks: int, num_sms: int, num_n_blocks: int, kv_head_bytes: float,
@@ -234,10 +239,9 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, num_n_blocks: int, kv_head_
         return 1
     if num_n_blocks <= 4:
         return 1
-    max_splits = min(max_splits, num_sms, num_n_blocks)
-    efficiency = [total_mblocks * s / num_sms / np.ceil(total_mblocks * s / num_sms) for s in range(1, max_splits + 1)]
-    best = max(efficiency)
-    return next(s for s, e in enumerate(efficiency, 1) if e >= 0.85 * best)
+    splits = np.arange(1, min(max_splits, num_sms, num_n_blocks) + 1)
+    efficiency = _wave_efficiency(total_mblocks, splits, num_sms)
+    return int(splits[np.argmax(efficiency >= 0.85 * efficiency.max())])
 
 
 def flashinfer_decode_chunk_pages(pages: np.ndarray, kv_heads: int, max_grid_ctas: int, page_size: int) -> int:

@@ -321,7 +321,7 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
         chunks = np.full_like(kv, choice)
         splits_label = f"{choice} KV splits"
     req, split = _expand(chunks)
-    keys = np.clip(kv[req] - split * chunk_keys, 0, chunk_keys)
+    keys = np.minimum(np.maximum(kv[req] - split * chunk_keys, 0), chunk_keys)
     rows = np.where(keys > 0, group, 0)
     blocks = -(-keys // tile.block_n)
     heads = kernel.num_kv_heads

@@ -110,8 +110,8 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
     feats.update(
         num_tasks=tasks.size, num_ctas=launch.grid_ctas, ctas_per_sm=partition.ctas_per_sm,
         waves=float(np.ceil(launch.grid_ctas / (gpu.sm_count * partition.ctas_per_sm))),
-        sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.mean()),
-        sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.mean()),
+        sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.sum() / gpu.sm_count),
+        sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.sum() / gpu.sm_count),
     )
     feats["theoretical_time_us"] = float(_roofline_us(feats, gpu))
     return feats
@@ -124,7 +124,7 @@ def _sums_in_order(rows: np.ndarray) -> list[float]:
 
 def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
     """A kernel's features from its launches': additive features summed, occupancy the lowest, spec appended."""
-    feats = {name: float(sum(f[name] for f in per_launch)) for name in _ADDITIVE}
+    feats = {name: float(sum([f[name] for f in per_launch])) for name in _ADDITIVE}
     feats["ctas_per_sm"] = float(min(f["ctas_per_sm"] for f in per_launch))
     feats["imbalance"] = feats["sm_busy_cycles_max"] / feats["sm_busy_cycles_mean"] if feats["sm_busy_cycles_mean"] else 1.0
     feats.update(spec_vector(gpu, tensor_dtype))

@@ -234,16 +234,18 @@ def _result(states: list[RequestState], replica_of: list[int], log: list[tuple],
     offsets = np.concatenate([[0], np.cumsum(np.fromiter(map(len, token_times), dtype=np.int64, count=len(states)))])
     times = np.fromiter(itertools.chain.from_iterable(token_times), dtype=np.float64, count=int(offsets[-1]))
     log.sort(key=lambda entry: entry[0])  # replica by replica (stable: each in its launch order)
-    columns = list(zip(*log)) if log else [()] * 8
+    # The log converted at once (counts are exact in float64), a row per column: hundreds of thousands of steps
+    # take a tenth of a second, twice as long when split into columns first.
+    columns = np.array(log, dtype=np.float64).reshape(len(log), 8).T.copy()
     steps = StepRecord(
-        replica=np.array(columns[0], dtype=np.int64),
-        start_s=np.array(columns[1], dtype=np.float64),
-        end_s=np.array(columns[2], dtype=np.float64),
-        num_requests=np.array(columns[3], dtype=np.int64),
-        num_tokens=np.array(columns[4], dtype=np.int64),
-        prefill_tokens=np.array(columns[5], dtype=np.int64),
-        num_decodes=np.array(columns[6], dtype=np.int64),
-        kv_used_tokens=np.array(columns[7], dtype=np.int64),
+        replica=columns[0].astype(np.int64),
+        start_s=columns[1],
+        end_s=columns[2],
+        num_requests=columns[3].astype(np.int64),
+        num_tokens=columns[4].astype(np.int64),
+        prefill_tokens=columns[5].astype(np.int64),
+        num_decodes=columns[6].astype(np.int64),
+        kv_used_tokens=columns[7].astype(np.int64),
         kv_capacity_tokens=kv_capacity,
     )
     return SimulationResult(

@@ -300,7 +300,7 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
     show_progress = output_format == "table" and sys.stderr.isatty()
     try:
         with _progress(len(tasks), show_progress) as bar:
-            plan = run_plan(request, executor, on_done=(lambda: bar.update(1)) if bar is not None else None,
+            plan = run_plan(request, executor, on_done=bar.update if bar is not None else None,
                             tasks=tasks)
     finally:
         executor.close()

@@ -20,8 +20,9 @@ class Executor(Protocol):
     name: str
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any],
-            on_done: Callable[[], None] | None = None) -> list[Any]:
-        """``[fn(task) for task in tasks]``, computed in parallel; ``on_done`` is called as each one finishes."""
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
+        """``[fn(task) for task in tasks]``, computed in parallel; ``on_done`` is called with each task's index as it
+        finishes."""
         ...
 
     def close(self) -> None: ...
@@ -38,13 +39,13 @@ class LocalExecutor:
         self.jobs = jobs or os.cpu_count() or 1
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any],
-            on_done: Callable[[], None] | None = None) -> list[Any]:
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
         if self.jobs == 1 or len(tasks) <= 1:
             results = []
-            for task in tasks:
+            for i, task in enumerate(tasks):
                 results.append(fn(task))
                 if on_done:
-                    on_done()
+                    on_done(i)
             return results
         results: list[Any] = [None] * len(tasks)
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks))) as pool:
@@ -52,7 +53,7 @@ class LocalExecutor:
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 if on_done:
-                    on_done()
+                    on_done(futures[future])
         return results
 
     def close(self) -> None:
@@ -81,16 +82,17 @@ class RayExecutor:
                                     f"(host:port of the head node, or 'auto')") from None
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any],
-            on_done: Callable[[], None] | None = None) -> list[Any]:
+            on_done: Callable[[int], None] | None = None) -> list[Any]:
         ray = self._ray
         remote = ray.remote(num_cpus=1)(fn)
         refs = [remote.remote(task) for task in tasks]
+        index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             if on_done:
-                for _ in done:
-                    on_done()
+                for ref in done:
+                    on_done(index[ref])
         return ray.get(refs)
 
     def close(self) -> None:

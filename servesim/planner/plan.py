@@ -8,7 +8,7 @@ are applied afterwards: changing them never changes a capacity.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from servesim.errors import ServesimError
@@ -142,21 +142,39 @@ def option_tasks(request: PlanRequest) -> list[OptionTask]:
     return tasks
 
 
-def _search_order(tasks: list[OptionTask]) -> list[int]:
-    """Task indices, the likely slowest first (more stages and less TP simulate more, smaller steps), so that a pool
-    of workers finishes together."""
-    return sorted(range(len(tasks)), key=lambda i: (-tasks[i].par.pp / tasks[i].par.tp, i))
+def _search_groups(tasks: list[OptionTask]) -> list[list[int]]:
+    """Task indices grouped by GPU and TP, each group searched in one process (:func:`search_options`), the likely
+    slowest first (more stages and less TP simulate more, smaller steps), so that a pool of workers finishes
+    together."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i in sorted(range(len(tasks)), key=lambda i: (-_relative_work(tasks[i]), i)):
+        groups.setdefault((tasks[i].gpu.name, tasks[i].par.tp), []).append(i)
+    return sorted(groups.values(), key=lambda group: -sum(_relative_work(tasks[i]) for i in group))
 
 
-def run_plan(request: PlanRequest, executor: Executor, on_done: Callable[[], None] | None = None,
+def _relative_work(task: OptionTask) -> float:
+    return task.par.pp / task.par.tp
+
+
+def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
+    """:func:`search_capacity` of each task in turn. Options of one GPU and TP launch the same attention kernels for
+    many of their batches, and a process works out each kernel's features once (servesim/features), so searching
+    them in one process skips most of those of the second and later options."""
+    return [search_capacity(task) for task in tasks]
+
+
+def run_plan(request: PlanRequest, executor: Executor, on_done: Callable[[int], None] | None = None,
              tasks: list[OptionTask] | None = None) -> Plan:
-    """Search every option on ``executor`` and turn the results into a ranked plan."""
+    """Search every option on ``executor`` and turn the results into a ranked plan. ``on_done`` is called with the
+    number of options searched as each group of them finishes."""
     tasks = option_tasks(request) if tasks is None else tasks
-    order = _search_order(tasks)
-    found = executor.map(search_capacity, [tasks[i] for i in order], on_done)
+    groups = _search_groups(tasks)
+    found = executor.map(search_options, [[tasks[i] for i in group] for group in groups],
+                         (lambda g: on_done(len(groups[g]))) if on_done else None)
     results: list[OptionResult] = [None] * len(tasks)  # type: ignore[list-item]
-    for i, result in zip(order, found):
-        results[i] = result
+    for group, group_results in zip(groups, found):
+        for i, result in zip(group, group_results):
+            results[i] = result
     return build_plan(request, results)
 
 

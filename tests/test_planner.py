@@ -161,3 +161,19 @@ def test_the_ray_executor_gives_the_local_results():
     assert not ray.is_initialized()
     assert remote == local
     assert [o["gpu"] for o in local["options"]] and local["recommendation"] is not None
+
+
+@pytest.mark.parametrize("workers", [1, 2, 8, 64])
+def test_search_groups_share_gpu_and_tp_and_keep_every_worker_busy(workers):
+    from servesim.planner.plan import _search_groups
+
+    model = get_model("llama3-70b")
+    a100 = get_gpu("A100")
+    tasks = [task(gpu=gpu, par=par, model=model) for gpu in (H100, a100)
+             for par in candidate_layouts(model, gpu, None, None)]
+    groups = _search_groups(tasks, workers)
+    assert sorted(i for group in groups for i in group) == list(range(len(tasks)))
+    assert all(len({(tasks[i].gpu.name, tasks[i].par.tp) for i in group}) == 1 for group in groups)
+    assert len(groups) >= min(workers, len(tasks))
+    if workers == 1:
+        assert len(groups) == 8  # TP 1, 2, 4 and 8 on each GPU

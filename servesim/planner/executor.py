@@ -19,6 +19,11 @@ EXECUTORS = ("local", "ray")
 class Executor(Protocol):
     name: str
 
+    @property
+    def workers(self) -> int:
+        """How many tasks run at once."""
+        ...
+
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any],
             on_done: Callable[[int], None] | None = None) -> list[Any]:
         """``[fn(task) for task in tasks]``, computed in parallel; ``on_done`` is called with each task's index as it
@@ -37,6 +42,10 @@ class LocalExecutor:
         if jobs is not None and jobs < 1:
             raise ServesimError(f"--jobs must be at least 1, not {jobs}")
         self.jobs = jobs or os.cpu_count() or 1
+
+    @property
+    def workers(self) -> int:
+        return self.jobs
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any],
             on_done: Callable[[int], None] | None = None) -> list[Any]:
@@ -80,6 +89,10 @@ class RayExecutor:
             except ConnectionError as exc:
                 raise ServesimError(f"cannot connect to the Ray cluster at {address}: {exc}; check --address "
                                     f"(host:port of the head node, or 'auto')") from None
+
+    @property
+    def workers(self) -> int:
+        return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any],
             on_done: Callable[[int], None] | None = None) -> list[Any]:

@@ -142,14 +142,24 @@ def option_tasks(request: PlanRequest) -> list[OptionTask]:
     return tasks
 
 
-def _search_groups(tasks: list[OptionTask]) -> list[list[int]]:
+def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:
     """Task indices grouped by GPU and TP, each group searched in one process (:func:`search_options`), the likely
     slowest first (more stages and less TP simulate more, smaller steps), so that a pool of workers finishes
-    together."""
-    groups: dict[tuple[str, int], list[int]] = {}
+    together. While there are fewer groups than ``workers``, the group of most work gives its slowest option a
+    group of its own, so that grouping never leaves a worker idle."""
+    by_layout: dict[tuple[str, int], list[int]] = {}
     for i in sorted(range(len(tasks)), key=lambda i: (-_relative_work(tasks[i]), i)):
-        groups.setdefault((tasks[i].gpu.name, tasks[i].par.tp), []).append(i)
-    return sorted(groups.values(), key=lambda group: -sum(_relative_work(tasks[i]) for i in group))
+        by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp), []).append(i)
+    groups = list(by_layout.values())
+
+    def work(group: list[int]) -> float:
+        return sum(_relative_work(tasks[i]) for i in group)
+
+    while len(groups) < min(workers, len(tasks)):
+        largest = max((group for group in groups if len(group) > 1), key=work)
+        groups.remove(largest)
+        groups += [largest[:1], largest[1:]]
+    return sorted(groups, key=lambda group: -work(group))
 
 
 def _relative_work(task: OptionTask) -> float:
@@ -168,7 +178,7 @@ def run_plan(request: PlanRequest, executor: Executor, on_done: Callable[[int], 
     """Search every option on ``executor`` and turn the results into a ranked plan. ``on_done`` is called with the
     number of options searched as each group of them finishes."""
     tasks = option_tasks(request) if tasks is None else tasks
-    groups = _search_groups(tasks)
+    groups = _search_groups(tasks, executor.workers)
     found = executor.map(search_options, [[tasks[i] for i in group] for group in groups],
                          (lambda g: on_done(len(groups[g]))) if on_done else None)
     results: list[OptionResult] = [None] * len(tasks)  # type: ignore[list-item]

@@ -10,10 +10,9 @@ against which the estimator learns efficiency = theoretical / measured.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
+from functools import lru_cache, reduce
 
 import numpy as np
 
@@ -92,7 +91,7 @@ def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndar
 
 
 def _roofline_us(features: dict[str, np.ndarray | float], gpu: GpuSpec) -> np.ndarray | float:
-    return functools.reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
+    return reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
 
 
 def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[str, float]:

@@ -144,9 +144,8 @@ def option_tasks(request: PlanRequest) -> list[OptionTask]:
 
 def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:
     """Task indices grouped by GPU and TP, each group searched in one process (:func:`search_options`), the likely
-    slowest first (more stages and less TP simulate more, smaller steps), so that a pool of workers finishes
-    together. While there are fewer groups than ``workers``, the group of most work gives its slowest option a
-    group of its own, so that grouping never leaves a worker idle."""
+    slowest first so that a pool of workers finishes together. While there are fewer groups than ``workers``, the
+    group of most work gives its slowest option a group of its own, so that grouping never leaves a worker idle."""
     by_layout: dict[tuple[str, int], list[int]] = {}
     for i in sorted(range(len(tasks)), key=lambda i: (-_relative_work(tasks[i]), i)):
         by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp), []).append(i)
@@ -163,6 +162,8 @@ def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:
 
 
 def _relative_work(task: OptionTask) -> float:
+    """How long an option's search likely takes, relative to others: more stages and less TP simulate more, smaller
+    steps."""
     return task.par.pp / task.par.tp
 
 

@@ -67,7 +67,7 @@ def _is_sm90_family(gpu: GpuSpec) -> bool:
     return gpu.compute_capability.split(".")[0] in ("9", "10")
 
 
-def _stages(stage_bytes: np.ndarray, gpu: GpuSpec, epilogue_bytes: int, cap: int) -> np.ndarray:
+def _stages(stage_bytes: np.ndarray, gpu: GpuSpec, epilogue_bytes: int, cap: int | np.ndarray) -> np.ndarray:
     budget = gpu.max_smem_per_cta_kib * 1024 - epilogue_bytes
     return np.clip(budget // stage_bytes, 2, cap)
 
@@ -117,13 +117,16 @@ def _major(gpu: GpuSpec) -> int:
 
 def _fp8_tiling(m: np.ndarray, k: np.ndarray, gpu: GpuSpec, kernel: ScaledMM, bm: np.ndarray, bn: np.ndarray,
                 bk: np.ndarray, warp_m: np.ndarray, warp_n: np.ndarray, threads: int | np.ndarray,
-                stages: np.ndarray, persistent: bool | np.ndarray, warp_specialised: bool) -> GemmTiling:
-    """A scaled-MM tiling from its tile, warp tile, threads and pipeline stages (no split-K in any of them).
-    Warp-specialised (TMA) kernels run 168 registers a thread by launch bound, classic multistage kernels 232."""
+                stage_cap: int | np.ndarray, persistent: bool | np.ndarray, warp_specialised: bool) -> GemmTiling:
+    """A scaled-MM tiling from its tile, warp tile and threads (no split-K in any of them), with as many pipeline
+    stages as fit in shared memory beside the epilogue, at most ``stage_cap``. Warp-specialised (TMA) kernels run
+    168 registers a thread by launch bound, classic multistage kernels 232."""
     block = kernel.scale == "block"
+    epilogue = 8192
+    stages = _stages((bm + bn) * bk, gpu, epilogue, stage_cap)
     return GemmTiling(
         bm, bn, bk, np.ones_like(m), -(-k // bk) * bk, warp_m, warp_n, threads, 168 if warp_specialised else 232,
-        stages * (bm + bn) * bk + 8192, persistent, 1.0, dtype_bytes(kernel.out_dtype),
+        stages * (bm + bn) * bk + epilogue, persistent, 1.0, dtype_bytes(kernel.out_dtype),
         kernel.block_k if block else 0, kernel.block_n if block else 0,
     )
 
@@ -147,9 +150,8 @@ def _vllm_cutlass_tiling(m: np.ndarray, n: np.ndarray, k: np.ndarray, gpu: GpuSp
         bm, bn, bk = np.where(m <= 64, 64, 128), 128 * ones, 64 * ones
         warp_m, warp_n = np.where(m <= 64, 32, 64), 64 * ones
         threads, cap = (bm // warp_m) * (bn // warp_n) * 32, 5
-    stages = _stages((bm + bn) * bk, gpu, 8192, cap)
     sm90 = _is_sm90_family(gpu)
-    return _fp8_tiling(m, k, gpu, kernel, bm, bn, bk, warp_m, warp_n, threads, stages, sm90, sm90)
+    return _fp8_tiling(m, k, gpu, kernel, bm, bn, bk, warp_m, warp_n, threads, cap, sm90, sm90)
 
 
 def _next_pow2(x: np.ndarray) -> np.ndarray:
@@ -172,15 +174,13 @@ def _sgl_kernel_tiling(m: np.ndarray, n: np.ndarray, k: np.ndarray, gpu: GpuSpec
     ones = np.ones_like(m)
     if major == 10:
         padded = np.maximum(16, _next_pow2(m))
-        bm = np.where(padded <= 64, 64, np.where(padded <= 256, 64, 128))  # per SM of a 2-SM pair above 64
+        bm = np.where(padded <= 256, 64, 128)  # per SM: above 64, half the rows of a 2-SM pair's tile
         bn = np.where(padded <= 64, 64, 128)
         bk = np.where(padded <= 256, 128, 64)
-        stages = _stages((bm + bn) * bk, gpu, 8192, 8)
-        return _fp8_tiling(m, k, gpu, kernel, bm, bn, bk, bm, bn, 384, stages, True, True)
+        return _fp8_tiling(m, k, gpu, kernel, bm, bn, bk, bm, bn, 384, 8, True, True)
     bm = np.where(m <= 256, 64, 128)
     pingpong = m > 1
-    stages = _stages((bm + bm) * 128, gpu, 8192, 8)
-    return _fp8_tiling(m, k, gpu, kernel, bm, bm, 128 * ones, bm, bm, np.where(pingpong, 384, 256), stages, pingpong,
+    return _fp8_tiling(m, k, gpu, kernel, bm, bm, 128 * ones, bm, bm, np.where(pingpong, 384, 256), 8, pingpong,
                        True)
 
 
@@ -225,10 +225,9 @@ def _deepgemm_tiling(m: np.ndarray, n: np.ndarray, k: np.ndarray, gpu: GpuSpec, 
     bm, bn = _deepgemm_blocks(m, n, k, gpu)
     bk = 128 * np.ones_like(m)
     unaligned = (128 % bn != 0) & (128 // np.gcd(128, bn) <= 4)
-    stages = _stages((bm + bn) * bk, gpu, 8192, np.where(unaligned, 4, 8))
     math_groups = np.where(bm <= 64, 1, 2)
-    return _fp8_tiling(m, k, gpu, kernel, bm, bn, bk, bm // math_groups, bn, 128 * (1 + math_groups), stages, True,
-                       True)
+    return _fp8_tiling(m, k, gpu, kernel, bm, bn, bk, bm // math_groups, bn, 128 * (1 + math_groups),
+                       np.where(unaligned, 4, 8), True, True)
 
 
 def scaled_mm_tiling(m: np.ndarray, n: np.ndarray, k: np.ndarray, gpu: GpuSpec, kernel: ScaledMM) -> GemmTiling:

@@ -207,7 +207,7 @@ def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataF
         raise ServesimError(f"unknown FP8 kernel source(s) {', '.join(unknown)}; map them in "
                             "servesim.estimator.datasets.SCALED_MM_LIBRARY_OF_SOURCE")
     frame = frame.assign(library=np.where(local, "cublaslt", _sources(frame).map(SCALED_MM_LIBRARY_OF_SOURCE)))
-    quant_us = np.where(_local(frame), 0.0, _fallback_us(frame, _quantize_kernels(frame)))
+    quant_us = np.where(local, 0.0, _fallback_us(frame, _quantize_kernels(frame)))
     frame = frame.assign(latency_us=frame["latency_us"] - quant_us)
     return _drop(frame, frame["latency_us"] > 0, "measured time not above the Quantize kernel's roofline time",
                  dropped)

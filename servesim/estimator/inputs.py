@@ -6,8 +6,8 @@ FlashInfer wrappers launch different kernels around the TRT-LLM-gen core) and by
 the engines set differently (vLLM 16, SGLang 1, or 64 with ``trtllm_mha``). Attention categories therefore also
 get the backend (one-hot), page size, KV layout and the shape the backends' split heuristics branch on.
 
-Likewise the engines' per-tensor FP8 linears share a CUTLASS tiling but not their times (vLLM's
-``cutlass_scaled_mm`` against SGLang's sgl-kernel build), so scaled MMs also get their library (one-hot).
+Likewise the engines' per-tensor FP8 linears (vLLM's ``cutlass_scaled_mm``, SGLang's sgl-kernel build) differ in
+time by more than their tiles explain, so scaled MMs also get their library (one-hot).
 """
 
 from __future__ import annotations

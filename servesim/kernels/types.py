@@ -85,10 +85,10 @@ class ScaledMM(Kernel):
     ``scale="block"``: weight scales per ``block_n`` x ``block_k`` tile and activation scales per token per
     ``block_k`` group (DeepSeek-style 128 x 128, vLLM ``w8a8_block_fp8_matmul`` / SGLang ``fp8_blockwise``).
 
-    ``library`` names the implementation (:data:`SCALED_MM_LIBRARIES`; empty: the granularity's default). The
-    engines' per-tensor kernels share a tiling but not their times: on the same GPU and shape, SGLang's time over
-    vLLM's spans 0.42 to 1.20 (10th to 90th percentile of aiconfigurator's B200 rows), so the library is part of
-    the kernel.
+    ``library`` names the implementation (:data:`SCALED_MM_LIBRARIES`; empty: the granularity's default). It is part
+    of the kernel: the libraries tile differently (servesim/decompose/gemm.py), and the engines' per-tensor kernels
+    differ in time beyond that: on the same GPU and shape, SGLang's time over vLLM's spans 0.42 to 1.20 (10th to
+    90th percentile of aiconfigurator's B200 rows).
     """
 
     category: ClassVar[str] = "scaled_mm"

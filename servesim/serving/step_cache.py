@@ -12,10 +12,12 @@ almost never hit. The simulator asks :class:`StepTimeModel` about representative
   outside attention, a function of the step's tokens and requests only, bilinearly between those counts on grids
   of :data:`PREFILL_BITS` and :data:`COUNT_BITS` significant bits (:func:`rest_token_bounds`). One layer's
   attention with the chunks replaced by as many equal ones doing the same attention work (:func:`equal_chunks`):
-  bilinearly between their new tokens rounded down or up to :data:`PREFILL_BITS` significant bits and the number
-  of decodes rounded down or up to :data:`COUNT_BITS` significant bits, cached tokens and the decodes' mean
-  context rounded to the prefill grid. A new prompt length then costs attention kernels only, and steps with
-  several prompts share them.
+  bilinearly between their new tokens rounded down or up to :data:`CHUNK_BITS` significant bits and the number of
+  decodes rounded down or up to :data:`COUNT_BITS` significant bits, cached tokens and the decodes' mean context
+  rounded to the prefill grid. A new prompt length then costs attention kernels only, and steps with several
+  prompts share them. The chunks' grid is coarser than the rest's: attention kernels have no tile multiples to
+  stay on, and each new batch costs the decomposition and features of its kernels, most of a capacity search's
+  time (docs/serving.md measures the error).
 
 Lengths up to :data:`EXACT_BELOW` and decode counts up to :data:`EXACT_COUNT_BELOW` stay exact. docs/serving.md
 gives the measured error of this approximation.
@@ -35,6 +37,7 @@ from servesim.serving.step_time import StepTime, StepTimeModel
 EXACT_BELOW = 64
 DECODE_BITS = 3
 PREFILL_BITS = 3
+CHUNK_BITS = 2
 EXACT_COUNT_BELOW = 2
 COUNT_BITS = 2
 SPREAD_BITS = 2
@@ -158,7 +161,7 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     context = round_length(mean_context, PREFILL_BITS)
     spread = decode_spread(mean_context, step.decode_max_context) if decodes else 0
     new_tokens, cached_tokens = equal_chunks(step.prefills)
-    chunk_bounds = grid_bounds(new_tokens)
+    chunk_bounds = grid_bounds(new_tokens, CHUNK_BITS)
     cached = round_length(round(cached_tokens), PREFILL_BITS)
     count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from servesim.cli.output import Column, emit, output_format_options, render_table
 from servesim.errors import ServesimError
-from servesim.kernels.types import SCALED_MM_LIBRARIES
+from servesim.kernels.types import SCALED_MM_LIBRARIES, SCALED_MM_LIBRARY_NAMES
 
 _SHOWN_TASKS = 8
 
@@ -127,7 +127,7 @@ def gemm(m: int, n: int, k: int, dtype: str, gpu: str, explain: bool, output_for
 @_positive("--n")
 @_positive("--k")
 @click.option("--scale", type=click.Choice(list(SCALED_MM_LIBRARIES)), default="tensor", show_default=True)
-@click.option("--library", type=click.Choice([lib for libs in SCALED_MM_LIBRARIES.values() for lib in libs]),
+@click.option("--library", type=click.Choice(SCALED_MM_LIBRARY_NAMES),
               default=None,
               help="Implementation: vLLM's CUTLASS (default for tensor scales), SGLang's sgl-kernel, cuBLASLt, or "
                    "DeepGEMM (block scales).")

@@ -19,7 +19,7 @@ import numpy as np
 from servesim.decompose.attention import BACKENDS
 from servesim.features import FeatureMatrix, kernel_features
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.types import SCALED_MM_LIBRARIES, AttentionPrefill, Kernel, ScaledMM, dtype_bytes
+from servesim.kernels.types import SCALED_MM_LIBRARY_NAMES, AttentionPrefill, Kernel, ScaledMM, dtype_bytes
 
 ATTENTION_DESCRIPTORS = (
     "requests", "query_tokens_mean", "kv_tokens_mean", "kv_tokens_max", "head_dim", "num_kv_heads", "gqa_group",
@@ -39,13 +39,12 @@ def _attention_descriptors(kernels: Sequence[Kernel]) -> np.ndarray:
     return np.array(rows, dtype=np.float64).reshape(len(kernels), len(ATTENTION_DESCRIPTORS))
 
 
-_LIBRARIES = tuple(dict.fromkeys(lib for libs in SCALED_MM_LIBRARIES.values() for lib in libs))
-SCALED_MM_DESCRIPTORS = tuple(f"library_{lib}" for lib in _LIBRARIES)
+SCALED_MM_DESCRIPTORS = tuple(f"library_{lib}" for lib in SCALED_MM_LIBRARY_NAMES)
 
 
 def _scaled_mm_descriptors(kernels: Sequence[ScaledMM]) -> np.ndarray:
     library = np.array([k.library for k in kernels])
-    return (library[:, None] == np.array(_LIBRARIES)[None, :]).astype(np.float64)
+    return (library[:, None] == np.array(SCALED_MM_LIBRARY_NAMES)[None, :]).astype(np.float64)
 
 
 #: Category -> the names of the kernel's own descriptors and the function that computes them.

@@ -25,6 +25,9 @@ SCALED_MM_LIBRARIES: dict[str, tuple[str, ...]] = {
     "tensor": ("cutlass", "sgl_kernel", "cublaslt"),
     "block": ("deepgemm",),
 }
+#: Every scaled-MM library, in :data:`SCALED_MM_LIBRARIES` order.
+SCALED_MM_LIBRARY_NAMES: tuple[str, ...] = tuple(dict.fromkeys(
+    lib for libs in SCALED_MM_LIBRARIES.values() for lib in libs))
 
 #: Collective operations and their implementations.
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "send", "recv")

@@ -32,7 +32,7 @@ from typing import Any
 
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.serving.state import Step
-from servesim.serving.step_time import StepTime, StepTimeModel
+from servesim.serving.step_time import StepTimeModel
 
 EXACT_BELOW = 64
 DECODE_BITS = 3
@@ -47,12 +47,15 @@ def _grid_step(tokens: int, bits: int) -> int:
     return 1 << max(0, tokens.bit_length() - bits)
 
 
+def _round_to_grid(value: int, bits: int) -> int:
+    """``value`` rounded to the nearest value with ``bits`` significant bits."""
+    step = _grid_step(value, bits)
+    return (value + step // 2) // step * step
+
+
 def round_length(tokens: int, bits: int) -> int:
     """``tokens`` rounded to the nearest value with ``bits`` significant bits (exact up to :data:`EXACT_BELOW`)."""
-    if tokens <= EXACT_BELOW:
-        return tokens
-    step = _grid_step(tokens, bits)
-    return (tokens + step // 2) // step * step
+    return tokens if tokens <= EXACT_BELOW else _round_to_grid(tokens, bits)
 
 
 def grid_bounds(tokens: float, bits: int = PREFILL_BITS, exact_below: int = EXACT_BELOW) -> tuple[int, int]:
@@ -66,9 +69,7 @@ def grid_bounds(tokens: float, bits: int = PREFILL_BITS, exact_below: int = EXAC
 def decode_spread(context: int, max_context: int) -> int:
     """How far the longest decode's context is above the mean ``context``, rounded to :data:`SPREAD_BITS`
     significant bits. While a batch only decodes, both grow by one token a step and the spread stays."""
-    spread = max_context - context
-    step = _grid_step(spread, SPREAD_BITS)
-    return (spread + step // 2) // step * step
+    return _round_to_grid(max_context - context, SPREAD_BITS)
 
 
 def representative_decodes(num_decodes: int, context: int, spread: int) -> tuple[int, ...]:

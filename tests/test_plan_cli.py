@@ -49,7 +49,7 @@ def test_readme_command_plans_with_printed_defaults():
     header = result.output.splitlines()[:3]
     assert "TTFT p90 ≤ 2000 ms and TPOT p90 ≤ 100 ms (default SLOs)" in header[0]
     assert "workload splitwise-conv: 150 requests" in header[1] and "poisson arrivals" in header[1]
-    assert "bisection to 5%" in header[2] and "estimator: roofline" in header[2]
+    assert "splits to 5%" in header[2] and "estimator: roofline" in header[2]
     rows = [line for line in result.output.splitlines() if re.match(r"\s+\d+\s+(H100-SXM|H20)\s+TP4\s", line)]
     assert len(rows) == 2
     assert "Recommendation: " in result.output and " is the cheapest option per output token within" in result.output

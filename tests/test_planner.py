@@ -10,7 +10,7 @@ from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.planner.executor import LocalExecutor
 from servesim.planner.plan import PlanRequest, build_plan, candidate_layouts, cost_option, plan_payload, run_plan
-from servesim.planner.search import OptionTask, search_capacity
+from servesim.planner.search import OptionTask, Probe, _crossing_load, search_capacity
 from servesim.planner.slo import Slo
 from servesim.serving.config import default_engine_config
 from servesim.serving.simulator import simulate
@@ -57,6 +57,27 @@ def test_search_brackets_the_capacity_within_the_tolerance(searched):
         # every probe below the capacity met the SLOs, every one above failed them (latency grows with load)
         assert all(p.meets_slos == (p.load <= result.capacity.load) for p in result.probes)
     assert searched[0].binding == "tpot"
+
+
+def probe_at(load: float, tpot_ratio: float | None) -> Probe:
+    """A probe of a TPOT p90 ≤ 10 ms SLO at ``tpot_ratio`` of the limit; None: the run stopped early."""
+    value = math.nan if tpot_ratio is None else 10.0 * tpot_ratio
+    return Probe(load=load, meets_slos=tpot_ratio is not None and tpot_ratio <= 1, sustained=True,
+                 slo_values_ms=(value,), latency_ms={}, request_rate_per_s=load, completion_ratio=1.0,
+                 output_tokens_per_s=0.0, peak_kv_occupancy=0.0, preemptions=0,
+                 stopped_by=None if tpot_ratio is not None else "tpot_p90")
+
+
+def test_splits_aim_where_the_slo_ratio_reaches_its_limit():
+    slos = (Slo("tpot", 90, 10.0),)
+    # between the bracket's ends: the ratio doubles from load 2 to 8, log-linearly, so it reaches 1 at 4
+    bracketed = {2.0: probe_at(2.0, 0.5), 8.0: probe_at(8.0, 2.0)}
+    assert _crossing_load(bracketed, 2.0, 8.0, slos) == pytest.approx(4.0)
+    # the failing end stopped early: extrapolated from the two highest passing loads
+    stopped = {1.0: probe_at(1.0, 0.25), 2.0: probe_at(2.0, 0.5), 9.0: probe_at(9.0, None)}
+    assert _crossing_load(stopped, 2.0, 9.0, slos) == pytest.approx(4.0)
+    # one passing load and no percentiles above it: nothing to aim at (the split is the midpoint)
+    assert _crossing_load({2.0: probe_at(2.0, 0.5), 9.0: probe_at(9.0, None)}, 2.0, 9.0, slos) is None
 
 
 def test_replicas_times_capacity_covers_the_target(searched):

@@ -164,7 +164,7 @@ def _header(request, slos_default: bool, estimator_label: str, executor_text: st
         f"workload {workload.name}: {len(workload):,} requests (mean {workload.prompt_tokens.mean():,.0f} prompt + "
         f"{workload.output_tokens.mean():,.0f} output tokens), {workload.arrival_process} arrivals, seed "
         f"{workload.seed}; {target}{budget}\n"
-        f"search: {variable}, ×{BRACKET_FACTOR:g} bracketing from the quick estimate then bisection to "
+        f"search: {variable}, ×{BRACKET_FACTOR:g} bracketing below the quick estimate, then splits to "
         f"{request.tolerance:.0%}; {executor_text}; estimator: {estimator_label}"
     )
 

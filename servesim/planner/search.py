@@ -3,7 +3,7 @@
 The load is an arrival rate (requests/s, open loop) or a number of clients (closed loop). The search simulates
 the same requests at every load — common random numbers: one seeded workload whose arrival times are divided by
 the rate — so that latency grows smoothly with load and the search is stable. It brackets the capacity starting
-from the quick analytical estimate (multiplying or dividing the load by :data:`BRACKET_FACTOR` until the SLOs
+one step below the quick analytical estimate (multiplying or dividing the load by :data:`BRACKET_FACTOR` until the SLOs
 flip), then splits the bracket until it is within the relative tolerance. A load passes when every SLO
 percentile is within its limit and, open loop, the engine keeps up with the arrivals (:func:`completion_ratio`).
 When the first load fails, a run of one request at a time tells an SLO tighter than the unloaded latency. One
@@ -195,12 +195,15 @@ def failing_metric(probe: Probe, slos: tuple[Slo, ...]) -> str:
 
 
 def start_load(estimate: GpuEstimate, mode: str) -> float:
-    """The bracket's first load: the quick estimate's steady-state rate, or a quarter of the batch the KV cache
-    holds (closed loop). Lowering it by simple models of the SLOs (M/D/1 queueing against a TTFT limit, the batch
-    a TPOT limit allows) did not save simulations: prefill interference and queueing at the SLO percentiles,
-    which set the capacity, are what those models miss."""
+    """The bracket's first load: one bracketing step below the quick estimate's steady-state rate, or a quarter of
+    the batch the KV cache holds (closed loop). The steady-state rate ignores the SLOs, so the capacity is nearly
+    always below it (at 0.5 to 1 times it for llama3-70b on H100, H200, H20 and A100), and a first load that
+    meets the SLOs needs neither the unloaded run nor a second step down. Lowering it further by simple models of
+    the SLOs (M/D/1 queueing against a TTFT limit, the batch a TPOT limit allows) did not save simulations:
+    prefill interference and queueing at the SLO percentiles, which set the capacity, are what those models
+    miss."""
     if mode == "qps":
-        return estimate.output_tokens_per_s / estimate.output_len
+        return estimate.output_tokens_per_s / estimate.output_len / BRACKET_FACTOR
     return float(max(1, estimate.loaded_batch // 4))
 
 
@@ -208,11 +211,9 @@ class _Bracket:
     """Where to probe next: bracketing steps, then splits of the bracket ``[low, high]`` (low met the SLOs, high
     did not) until it is within the tolerance, over a continuous rate or a whole number of clients.
 
-    A split goes where the worst SLO ratio (percentile / limit), interpolated log-linearly between the bracket's
-    ends, crosses 1 (regula falsi), kept inside the middle of the bracket; a split next to an end is moved one
-    tolerance away from it, so that one more probe can close the bracket. After a split that left the bracket
-    more than half as wide, the next is the plain geometric midpoint, which bounds the number of probes by
-    bisection's.
+    A split goes to a target load (:func:`_crossing_load`: where the worst SLO ratio crosses 1), kept inside the
+    middle of the bracket, or to the bracket's geometric midpoint when there is no target; a split next to an end
+    is moved one tolerance away from it, so that one more probe can close the bracket.
     """
 
     def __init__(self, integer: bool, tolerance: float) -> None:
@@ -230,18 +231,36 @@ class _Bracket:
             return high - low <= max(1.0, math.floor(self.tolerance * low))
         return high <= low * (1 + self.tolerance)
 
-    def split(self, low: float, high: float, ratio_low: float, ratio_high: float, interpolate: bool) -> float:
+    def split(self, low: float, high: float, target: float | None) -> float:
         span = math.log(high / low)
-        t = 0.5
-        if interpolate and 0 < ratio_low < 1 < ratio_high:
-            t = math.log(ratio_low) / (math.log(ratio_low) - math.log(ratio_high))
-            t = min(max(t, SPLIT_MARGIN), 1 - SPLIT_MARGIN)
+        t = 0.5 if target is None else min(max(math.log(target / low) / span, SPLIT_MARGIN), 1 - SPLIT_MARGIN)
         step = math.log1p(self.tolerance)
         offset = min(max(t * span, step), span - step) if span > 2 * step else span / 2
         load = low * math.exp(offset)
         if self.integer:
             load = float(min(max(round(load), int(low) + 1), int(high) - 1))
         return load
+
+
+def _crossing_load(probes: dict[float, Probe], low: float, high: float, slos: tuple[Slo, ...]) -> float | None:
+    """Where the worst SLO ratio (percentile / limit), taken as log-linear in the load, reaches 1: between the
+    bracket's ends (regula falsi), or, when the high end has no percentiles (its run stopped early) or failed for
+    throughput alone, extrapolated from the two highest loads that met the SLOs (the secant). None when the two
+    points do not rise towards 1."""
+    below = _ratio(probes[low], slos)
+    above = _ratio(probes[high], slos)
+    if above > 1:
+        points = ((low, below), (high, above))
+    else:
+        known = [load for load in probes if load < low and math.isfinite(_ratio(probes[load], slos))]
+        if not known:
+            return None
+        points = ((max(known), _ratio(probes[max(known)], slos)), (low, below))
+    (load_a, ratio_a), (load_b, ratio_b) = points
+    if not 0 < ratio_a < ratio_b:
+        return None
+    slope = math.log(ratio_b / ratio_a) / math.log(load_b / load_a)
+    return load_a * math.exp(-math.log(ratio_a) / slope)
 
 
 def search_capacity(task: OptionTask) -> OptionResult:
@@ -299,17 +318,17 @@ def search_capacity(task: OptionTask) -> OptionResult:
     if high is None:
         return finish("ok", probes=_sorted(probes), capacity=probes[low], binding="none",
                       note=f"the SLOs still hold at {_load_text(task.mode, low)}, where the search stops")
-    interpolate = True
+    widths = [math.log(high / low)]
     while not search.converged(low, high):
-        width = high / low
-        load = search.split(low, high, _ratio(probes[low], task.slos), _ratio(probes[high], task.slos),
-                            interpolate)
+        # Interpolation unless the last two splits left the bracket more than half as wide in log load (then the
+        # geometric midpoint, which halves it): about twice as many splits as bisection at worst, usually fewer.
+        interpolate = len(widths) < 3 or widths[-1] <= 0.5 * widths[-3] + 1e-12
+        load = search.split(low, high, _crossing_load(probes, low, high, task.slos) if interpolate else None)
         if probe(load, stop_early=False).meets_slos:  # percentiles above the limit steer the next split
             low = load
         else:
             high = load
-        # Not more than half as wide in log load; a geometric midpoint halves it exactly but for rounding.
-        interpolate = math.log(high / low) <= 0.5 * math.log(width) + 1e-12
+        widths.append(math.log(high / low))
     above = probes[high]
     return finish("ok", probes=_sorted(probes), capacity=probes[low], above=above,
                   unloaded_ms=unloaded.slo_values_ms if unloaded else None,

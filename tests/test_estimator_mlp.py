@@ -14,7 +14,7 @@ from servesim.estimator.mlp import (
     shipped_weights,
 )
 from servesim.hardware import get_gpu
-from servesim.kernels.types import AttentionDecode, Gemm, RMSNorm
+from servesim.kernels.types import AttentionDecode, Gemm, RMSNorm, SiluMul
 
 
 def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
@@ -32,7 +32,8 @@ def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
             module.bias.data.uniform_(-0.5, 0.5)
     network.eval()
     names = tuple(f"f{i}" for i in range(5))
-    weights = export_weights(network, "gemm", names, np.zeros(5), np.ones(5), 3.0, 7.5, {"seed": "1"})
+    weights = export_weights(network, "gemm", names, np.zeros(5), np.ones(5), np.full(5, np.nan), 3.0, 7.5,
+                             {"seed": "1"})
     path = tmp_path / "gemm.npz"
     save_weights(weights, path)
     loaded = load_weights(path)
@@ -91,6 +92,35 @@ def test_training_is_deterministic_from_the_seed():
     for (w1, b1), (w2, b2) in zip(first.layers, second.layers):
         np.testing.assert_array_equal(w1, w2)
         np.testing.assert_array_equal(b1, b2)
+
+
+def test_a_feature_that_never_varied_in_training_keeps_its_training_value():
+    """Trained on one GPU, every spec feature is constant; another GPU's spec values must not push the inputs ten
+    orders of magnitude out (they did: their spread was a rounding residue), but count as the training GPU's."""
+    pytest.importorskip("torch")
+    from servesim.estimator.datasets import load_samples
+    from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+    from servesim.features import SPEC_FEATURES
+
+    samples = load_samples("gemm", max_rows=300, seed=3, gpus=("H100-SXM",))
+    split = split_by_shape(samples.shape_id, seed=3)
+    weights = train_mlp(samples, split.train, split.val, TrainConfig(hidden=(16, 8, 4), max_epochs=3, seed=3)).weights
+    spec = [weights.feature_names.index(name) for name in SPEC_FEATURES]
+    assert not np.isnan(weights.fixed_inputs[spec]).any()
+    other = load_samples("gemm", max_rows=300, seed=3, gpus=("B200",))
+    as_h100 = other.features.values.copy()
+    as_h100[:, spec] = samples.features.values[0, spec]
+    np.testing.assert_array_equal(forward_efficiency(weights, other.features.values),
+                                  forward_efficiency(weights, as_h100))
+    assert mape(predict_samples_us(weights, other), other.measured_us) < 100
+
+
+def test_element_wise_kernels_on_a_gpu_with_an_unseen_xu_rate_take_about_as_long_as_its_sibling():
+    """The B300 is a B200 with twice the XU rate, which no element-wise training GPU had: its memory-bound
+    RMSNorm and SiLU-and-mul must not come out three times faster (as they did) but close to the B200's."""
+    kernels = [RMSNorm(rows=4096, dim=8192), SiluMul(tokens=4096, dim=28672)]
+    b200, b300 = (MlpEstimator().predict_us(kernels, get_gpu(g)) for g in ("B200", "B300"))
+    np.testing.assert_allclose(b300, b200, rtol=0.1)
 
 
 def test_split_by_shape_keeps_a_shape_on_one_side():

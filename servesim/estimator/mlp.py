@@ -46,6 +46,9 @@ class MlpWeights:
     feature_names: tuple[str, ...]
     input_mean: np.ndarray
     input_scale: np.ndarray
+    #: Per input, the normalised value every training row had where the feature never varied in training, NaN
+    #: where it did (see :func:`forward_efficiency`).
+    fixed_inputs: np.ndarray
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
     efficiency_max: float
     latency_floor_us: float  # added to the theoretical time to make the base time
@@ -62,9 +65,15 @@ def transform_inputs(features: np.ndarray) -> np.ndarray:
 
 
 def forward_efficiency(weights: MlpWeights, features: np.ndarray) -> np.ndarray:
-    """Predicted efficiency of each row of raw ``features`` (columns ``weights.feature_names``)."""
+    """Predicted efficiency of each row of raw ``features`` (columns ``weights.feature_names``).
+
+    An input that never varied in training (the Vidur element-wise rows all come from GPUs with the same XU rate;
+    every FP8 GEMM tile runs one CTA per SM) taught the network nothing about itself, and its spread there is
+    zero or a rounding residue (1e-14): normalised by it, another GPU's value would be ten orders of magnitude out
+    and drive the efficiency to its floor or ceiling. Such inputs keep their training value
+    (``weights.fixed_inputs``)."""
     x = (transform_inputs(features) - weights.input_mean) / weights.input_scale
-    x = x.astype(np.float32)
+    x = np.where(np.isnan(weights.fixed_inputs), x, weights.fixed_inputs).astype(np.float32)
     *hidden, (w_out, b_out) = weights.layers
     for w, b in hidden:
         x = np.maximum(x @ w + b, 0.0)
@@ -78,6 +87,7 @@ def save_weights(weights: MlpWeights, path: Path) -> None:
         "feature_names": np.array(weights.feature_names),
         "input_mean": weights.input_mean,
         "input_scale": weights.input_scale,
+        "fixed_inputs": weights.fixed_inputs,
         "efficiency_max": np.array(weights.efficiency_max),
         "latency_floor_us": np.array(weights.latency_floor_us),
         "metadata_keys": np.array(list(weights.metadata), dtype=str),
@@ -97,6 +107,7 @@ def load_weights(path: Path) -> MlpWeights:
             feature_names=tuple(str(n) for n in f["feature_names"]),
             input_mean=f["input_mean"],
             input_scale=f["input_scale"],
+            fixed_inputs=f["fixed_inputs"],
             layers=tuple((f[f"w{i}"], f[f"b{i}"]) for i in range(count)),
             efficiency_max=float(f["efficiency_max"]),
             latency_floor_us=float(f["latency_floor_us"]),

@@ -72,7 +72,7 @@ def _network(inputs: int, config: TrainConfig):
 
 
 def export_weights(network, category: str, feature_names: tuple[str, ...], input_mean: np.ndarray,
-                   input_scale: np.ndarray, efficiency_max: float, latency_floor_us: float,
+                   input_scale: np.ndarray, fixed_inputs: np.ndarray, efficiency_max: float, latency_floor_us: float,
                    metadata: dict[str, str]) -> MlpWeights:
     """numpy weights of a trained torch network with each batch norm folded into the linear layer before it."""
     from torch import nn
@@ -91,8 +91,8 @@ def export_weights(network, category: str, feature_names: tuple[str, ...], input
             w = w * scale
             b = (b - following.running_mean.double().numpy()) * scale + following.bias.detach().double().numpy()
         layers.append((w.astype(np.float32), b.astype(np.float32)))
-    return MlpWeights(category, feature_names, input_mean, input_scale, tuple(layers), efficiency_max,
-                      latency_floor_us, metadata)
+    return MlpWeights(category, feature_names, input_mean, input_scale, fixed_inputs, tuple(layers),
+                      efficiency_max, latency_floor_us, metadata)
 
 
 def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
@@ -107,7 +107,10 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
     mean = inputs[train].mean(axis=0)
     scale = inputs[train].std(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
-    x = torch.from_numpy(((inputs - mean) / scale).astype(np.float32))
+    normalised = (inputs - mean) / scale
+    first = normalised[np.flatnonzero(train)[0]]
+    fixed = np.where(np.ptp(inputs[train], axis=0) == 0, first, np.nan)  # see forward_efficiency
+    x = torch.from_numpy(normalised.astype(np.float32))
     floor_us = category_latency_floor_us(samples.measured_us[train], samples.gpu[train])
     efficiency_target = (samples.theoretical_us + floor_us) / samples.measured_us
     target = torch.from_numpy(efficiency_target.astype(np.float32))
@@ -152,7 +155,7 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
         "gpus": ",".join(gpus), "epochs": str(epoch), "best_epoch": str(best[1]),
         "best_val_mape_pct": f"{best[0]:.2f}", "train_seconds": f"{seconds:.1f}", "torch": torch.__version__,
     }
-    weights = export_weights(network, samples.category, samples.features.names, mean, scale, efficiency_max,
+    weights = export_weights(network, samples.category, samples.features.names, mean, scale, fixed, efficiency_max,
                              floor_us, metadata)
     return TrainResult(weights=weights, epochs=epoch, best_val_mape=best[0], seconds=seconds)
 

@@ -1,0 +1,64 @@
+"""Whether the MLP should see the GPU's spec vector, chosen without looking at the GPUs the estimator is scored on.
+
+The spec features (``servesim.features.SPEC_FEATURES``) let the network tell GPUs apart; with eight or nine
+training GPUs they may also let it memorise them. This script retrains a category's MLP leave-one-GPU-out with the
+spec features kept and dropped, on validation GPUs that are not among ``servesim eval kernels``' held-out test GPUs
+(docs/accuracy.md), for several seeds, and prints the MAPE and bias of each. Settings follow ``servesim eval
+kernels --holdout``: a seeded sample, the validation shapes of the other GPUs for early stopping.
+
+    python scripts/ablate_spec_features.py --category gemm --gpu A100 --gpu H100 --gpu B200 --gpu GB200 \\
+        --seed 0 --seed 1
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+import numpy as np
+
+from servesim.estimator.datasets import DataOptions, KernelSamples, load_samples, split_by_shape
+from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.features import SPEC_FEATURES, FeatureMatrix
+from servesim.hardware import get_gpu
+
+
+def without_spec(samples: KernelSamples) -> KernelSamples:
+    """The same samples with the spec-vector columns removed."""
+    keep = [i for i, name in enumerate(samples.features.names) if name not in SPEC_FEATURES]
+    features = FeatureMatrix(tuple(samples.features.names[i] for i in keep), samples.features.values[:, keep])
+    return KernelSamples(samples.category, samples.kernels, samples.gpu, samples.shape_id, features,
+                         samples.measured_us, samples.group, samples.kernel_source)
+
+
+@click.command()
+@click.option("--category", required=True)
+@click.option("--gpu", "gpus", multiple=True, required=True, help="Validation GPU to leave out (repeatable).")
+@click.option("--seed", "seeds", type=int, multiple=True, default=(0,), show_default=True,
+              help="Training seed (repeatable); the sample and split stay at --sample-seed.")
+@click.option("--max-rows", type=int, default=40000, show_default=True)
+@click.option("--sample-seed", type=int, default=0, show_default=True)
+def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows: int, sample_seed: int) -> None:
+    samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
+    variants = {"spec kept": samples, "spec dropped": without_spec(samples)}
+    split = split_by_shape(samples.shape_id, sample_seed)
+    click.echo("category   GPU            seed  variant       MAPE %  bias %  seconds")
+    for gpu_name in (get_gpu(g).name for g in gpus):
+        held = samples.gpu == gpu_name
+        if not held.any():
+            click.echo(f"{category:<10} {gpu_name:<14} no rows")
+            continue
+        for seed in seeds:
+            for variant, data in variants.items():
+                start = time.perf_counter()
+                weights = train_mlp(data, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed)).weights
+                unseen = data.subset(held)
+                predicted = predict_samples_us(weights, unseen)
+                bias = 100 * float(np.mean(predicted / unseen.measured_us - 1))
+                click.echo(f"{category:<10} {gpu_name:<14} {seed:>4}  {variant:<12} "
+                           f"{mape(predicted, unseen.measured_us):>7.1f} {bias:>+7.1f} "
+                           f"{time.perf_counter() - start:>8.0f}")
+
+
+if __name__ == "__main__":
+    main()

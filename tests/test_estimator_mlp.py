@@ -123,6 +123,35 @@ def test_element_wise_kernels_on_a_gpu_with_an_unseen_xu_rate_take_about_as_long
     np.testing.assert_allclose(b300, b200, rtol=0.1)
 
 
+def test_every_catalogue_gpu_gets_efficiencies_inside_the_output_range():
+    """A GPU nobody measured must not drive a category's network into its floor or ceiling (as an XU rate or CTA
+    count outside the training rows once did): a llama3-8b step's learned kernels keep an efficiency above 0.05
+    and below 95 % of the category's ceiling on every GPU of the catalogue."""
+    from servesim.estimator.inputs import estimator_inputs
+    from servesim.hardware.catalogue import gpu_names
+    from servesim.kernels.batch import BatchSpec, PrefillChunk
+    from servesim.kernels.expand import expand
+    from servesim.kernels.types import Kernel
+    from servesim.models import get_model
+
+    weights = shipped_weights()
+    model = get_model("llama3-8b")
+    batches = (BatchSpec((PrefillChunk(2048),), (700,) * 31), BatchSpec((), (1500,) * 64))
+    for name in gpu_names():
+        gpu = get_gpu(name)
+        by_category: dict[str, set] = {}
+        for engine in ("vllm", "sglang"):
+            for dtype in ("bf16", "fp8") if gpu.tensor_flops_per_sm_per_cycle.get("fp8") else ("bf16",):
+                for batch in batches:
+                    for op, _ in expand(engine, model, gpu, batch, 1, 1, 0, dtype, "auto").op_counts:
+                        if isinstance(op, Kernel) and op.category in weights:
+                            by_category.setdefault(op.category, set()).add(op)
+        for category, kernels in by_category.items():
+            w = weights[category]
+            efficiency = forward_efficiency(w, estimator_inputs(list(kernels), gpu).values)
+            assert 0.05 < efficiency.min() and efficiency.max() < 0.95 * w.efficiency_max, (name, category)
+
+
 def test_split_by_shape_keeps_a_shape_on_one_side():
     shape_id = np.repeat(np.arange(200, dtype=np.uint64), 3)
     split = split_by_shape(shape_id, seed=0)

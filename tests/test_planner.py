@@ -161,6 +161,16 @@ def test_concurrency_search_finds_a_whole_number_of_clients(unloaded_tpot_ms):
     assert result.capacity.request_rate_per_s > 0
 
 
+def test_concurrency_search_stops_at_every_request_in_flight(unloaded_tpot_ms):
+    """More clients than requests change nothing, so a search whose SLOs still hold there reports that bound and
+    how to go past it, not a client count from further bracketing."""
+    closed = build_workload("fixed:512:48", 40, concurrency=1, seed=0)
+    result = search_capacity(task(100 * unloaded_tpot_ms, mode="concurrency", workload=closed))
+    assert result.status == "ok" and result.binding == "none"
+    assert result.capacity.load == 40 and max(p.load for p in result.probes) == 40
+    assert "all 40 requests in flight at once" in result.note and "-n" in result.note
+
+
 def test_layouts_are_those_that_divide_a_node():
     model = get_model("llama3-70b")
     layouts = {str(p) for p in candidate_layouts(model, H100, None, None)}

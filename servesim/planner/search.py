@@ -216,12 +216,13 @@ class _Bracket:
     is moved one tolerance away from it, so that one more probe can close the bracket.
     """
 
-    def __init__(self, integer: bool, tolerance: float) -> None:
+    def __init__(self, integer: bool, tolerance: float, most: float = math.inf) -> None:
         self.integer = integer
         self.tolerance = tolerance
+        self.most = most  # the highest load that differs from every higher one
 
     def grow(self, load: float) -> float:
-        return float(math.ceil(load * BRACKET_FACTOR)) if self.integer else load * BRACKET_FACTOR
+        return min(float(math.ceil(load * BRACKET_FACTOR)) if self.integer else load * BRACKET_FACTOR, self.most)
 
     def shrink(self, load: float) -> float:
         return float(max(1, math.floor(load / BRACKET_FACTOR))) if self.integer else load / BRACKET_FACTOR
@@ -290,8 +291,10 @@ def search_capacity(task: OptionTask) -> OptionResult:
             probes[load] = _probe(task, steps, at_load(task.workload, task.mode, load), load, stop_early)
         return probes[load]
 
-    search = _Bracket(task.mode == "concurrency", task.tolerance)
-    load = start_load(estimate, task.mode)
+    closed = task.mode == "concurrency"
+    # Clients beyond the workload's requests change nothing: every request is in flight at once.
+    search = _Bracket(closed, task.tolerance, float(len(task.workload)) if closed else math.inf)
+    load = min(start_load(estimate, task.mode), search.most)
     first = probe(load)
     unloaded = None
     if not first.meets_slos:
@@ -302,7 +305,7 @@ def search_capacity(task: OptionTask) -> OptionResult:
                           note=_unmet_note(task, unloaded.slo_values_ms))
     low, high = (load, None) if first.meets_slos else (None, load)
     for _ in range(MAX_BRACKET_STEPS):
-        if low is not None and high is not None:
+        if low is not None and (high is not None or low == search.most):
             break
         load = search.grow(load) if high is None else search.shrink(load)
         if probe(load).meets_slos:
@@ -316,8 +319,10 @@ def search_capacity(task: OptionTask) -> OptionResult:
                       binding=failing_metric(probes[lowest], task.slos),
                       note=f"the SLOs fail even at {_load_text(task.mode, lowest)}")
     if high is None:
+        where = (f"with all {len(task.workload):,} requests in flight at once; give more requests (-n) to find the "
+                 "capacity" if low == search.most else f"at {_load_text(task.mode, low)}, where the search stops")
         return finish("ok", probes=_sorted(probes), capacity=probes[low], binding="none",
-                      note=f"the SLOs still hold at {_load_text(task.mode, low)}, where the search stops")
+                      note=f"the SLOs still hold {where}")
     widths = [math.log(high / low)]
     while not search.converged(low, high):
         # Interpolation unless the last two splits left the bracket more than half as wide in log load (then the

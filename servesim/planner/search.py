@@ -1,16 +1,17 @@
 """The capacity of one option (a GPU, a layout, an engine): the highest load whose SLO percentiles hold.
 
-The load is an arrival rate (requests/s, open loop) or a number of clients (closed loop). The search simulates
-the same requests at every load — common random numbers: one seeded workload whose arrival times are divided by
-the rate — so that latency grows smoothly with load and the search is stable. It brackets the capacity starting
-one step below the quick analytical estimate (multiplying or dividing the load by :data:`BRACKET_FACTOR` until the SLOs
-flip), then splits the bracket until it is within the relative tolerance. A load passes when every SLO
-percentile is within its limit and, open loop, the engine keeps up with the arrivals (:func:`completion_ratio`).
-When the first load fails, a run of one request at a time tells an SLO tighter than the unloaded latency. One
-:class:`StepTimeModel` serves every simulation of the option, so step times predicted at one load are reused at
-the next. A run ends as soon as enough requests are over an SLO limit for its percentile to fail
-(servesim/serving/stop.py); such a probe knows which SLO broke but not the final percentiles. Only bracketing
-runs stop early: they are the furthest from the capacity, and the splits' percentiles steer the next split.
+The load is an arrival rate (requests/s, open loop) or a number of clients (closed loop). The search simulates the
+same requests at every load — common random numbers: one seeded workload whose arrival times are divided by the rate
+— so that latency grows smoothly with load and the search is stable. It brackets the capacity starting one step
+below the quick analytical estimate (multiplying or dividing the load by :data:`BRACKET_FACTOR` until the SLOs flip;
+closed loop, never above the workload's number of requests), then splits the bracket until it is within the relative
+tolerance. A load passes when every SLO percentile is within its limit and, open loop, the engine keeps up with the
+arrivals (:func:`completion_ratio`). When the first load fails, a run of one request at a time tells an SLO tighter
+than the unloaded latency. One :class:`StepTimeModel` serves every simulation of the option, so step times predicted
+at one load are reused at the next. A run ends as soon as enough requests are over an SLO limit for its percentile
+to fail (servesim/serving/stop.py); such a probe knows which SLO broke but not the final percentiles. Only
+bracketing runs stop early: they are the furthest from the capacity, and the splits' percentiles steer the next
+split.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ class _Bracket:
     def __init__(self, integer: bool, tolerance: float, most: float = math.inf) -> None:
         self.integer = integer
         self.tolerance = tolerance
-        self.most = most  # the highest load that differs from every higher one
+        self.most = most  # every load above this one simulates the same as it
 
     def grow(self, load: float) -> float:
         return min(float(math.ceil(load * BRACKET_FACTOR)) if self.integer else load * BRACKET_FACTOR, self.most)

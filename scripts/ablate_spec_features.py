@@ -12,6 +12,7 @@ kernels --holdout``: a seeded sample, the validation shapes of the other GPUs fo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import click
@@ -26,9 +27,8 @@ from servesim.hardware import get_gpu
 def without_spec(samples: KernelSamples) -> KernelSamples:
     """The same samples with the spec-vector columns removed."""
     keep = [i for i, name in enumerate(samples.features.names) if name not in SPEC_FEATURES]
-    features = FeatureMatrix(tuple(samples.features.names[i] for i in keep), samples.features.values[:, keep])
-    return KernelSamples(samples.category, samples.kernels, samples.gpu, samples.shape_id, features,
-                         samples.measured_us, samples.group, samples.kernel_source)
+    names = tuple(samples.features.names[i] for i in keep)
+    return dataclasses.replace(samples, features=FeatureMatrix(names, samples.features.values[:, keep]))
 
 
 @click.command()

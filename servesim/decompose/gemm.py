@@ -61,10 +61,14 @@ class GemmTiling:
         return self.tiles_m(m) * self.tiles_n(n) * self.splits
 
 
+def _major(gpu: GpuSpec) -> int:
+    return int(gpu.compute_capability.split(".")[0])
+
+
 def _is_sm90_family(gpu: GpuSpec) -> bool:
     """Hopper and datacenter Blackwell run TMA/warp-specialised persistent kernels; Ampere/Ada/consumer Blackwell
     run classic multistage grids."""
-    return gpu.compute_capability.split(".")[0] in ("9", "10")
+    return _major(gpu) in (9, 10)
 
 
 def _stages(stage_bytes: np.ndarray, gpu: GpuSpec, epilogue_bytes: int, cap: int | np.ndarray) -> np.ndarray:
@@ -109,10 +113,6 @@ def gemm_tiling(m: np.ndarray, n: np.ndarray, k: np.ndarray, gpu: GpuSpec, dtype
         bm, bn, bk, splits, k_steps // splits * bk, warp_m, warp_n, threads, registers,
         stages * (bm + bn) * bk * b + epilogue, _is_sm90_family(gpu), b, dtype_bytes(out_dtype),
     )
-
-
-def _major(gpu: GpuSpec) -> int:
-    return int(gpu.compute_capability.split(".")[0])
 
 
 def _fp8_tiling(m: np.ndarray, k: np.ndarray, gpu: GpuSpec, kernel: ScaledMM, bm: np.ndarray, bn: np.ndarray,

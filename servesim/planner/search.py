@@ -254,10 +254,11 @@ def _crossing_load(probes: dict[float, Probe], low: float, high: float, slos: tu
     if above > 1:
         points = ((low, below), (high, above))
     else:
-        known = [load for load in probes if load < low and math.isfinite(_ratio(probes[load], slos))]
+        ratios = ((load, _ratio(p, slos)) for load, p in probes.items() if load < low)
+        known = [(load, ratio) for load, ratio in ratios if math.isfinite(ratio)]
         if not known:
             return None
-        points = ((max(known), _ratio(probes[max(known)], slos)), (low, below))
+        points = (max(known), (low, below))
     (load_a, ratio_a), (load_b, ratio_b) = points
     if not 0 < ratio_a < ratio_b:
         return None

@@ -134,6 +134,20 @@ def test_scaled_mm_rows_carry_the_library_of_their_kernel_source():
         prepare_frame("scaled_mm", unknown)
 
 
+def test_measured_gemm_rows_find_in_l2_what_the_timing_loop_left_there():
+    """aiconfigurator times six copies of a linear in turn: they run from L2 when all six fit, else cold."""
+    frame = pd.concat([_fp8_rows().iloc[:1], _fp8_rows().iloc[:1].assign(m=8, n=1024, k=1024),
+                       _fp8_rows().iloc[:1].assign(system="local")])
+    kernels = samples_from_frame("scaled_mm", prepare_frame("scaled_mm", frame).frame).kernels
+    l2_bytes = get_gpu("H100-SXM").l2_cache_mib * 2**20
+    big, small, ours = kernels
+    assert 6 * small.bytes_moved() <= l2_bytes < 6 * big.bytes_moved() and big.bytes_moved() < l2_bytes
+    assert (big.l2_resident_fraction, small.l2_resident_fraction) == (0.0, 1.0)
+    assert ours.l2_resident_fraction == 0.0  # our collector flushes L2 before every repetition
+    gemm = samples_from_frame("gemm", prepare_frame("gemm", frame.assign(dtype="bf16")).frame).kernels
+    assert [k.l2_resident_fraction for k in gemm] == [0.0, 1.0, 0.0]
+
+
 def test_moe_rows_become_the_local_experts_share_of_balanced_routing():
     base = dict(gpu="H100-SXM", system="h100_sxm", backend="sglang", backend_version="x", num_tokens=32,
                 hidden=2048, intermediate=1536, num_experts=64, topk=8, moe_tp=2, moe_ep=4, dtype="bf16",

@@ -42,6 +42,22 @@ def test_vectorised_scaled_mm_features_equal_decompose_and_schedule_for_every_li
         np.testing.assert_allclose(fast.values[i], [features_of(kernel, gpu)[n] for n in FEATURE_NAMES], rtol=1e-9)
 
 
+@pytest.mark.parametrize("kernel", [Gemm(m=8, n=4096, k=4096), ScaledMM(m=8, n=4096, k=4096)])
+def test_what_l2_already_holds_leaves_dram_and_only_dram(kernel):
+    gpu = get_gpu("L40S")
+    cold = features_of(kernel, gpu)
+    warm_kernel = replace(kernel, l2_resident_fraction=0.75)
+    warm = features_of(warm_kernel, gpu)
+    assert warm["gpu_dram_bytes"] == pytest.approx(0.25 * cold["gpu_dram_bytes"])
+    assert warm["sm_dram_cycles"] == pytest.approx(0.25 * cold["sm_dram_cycles"])
+    # A decode GEMM reads its weights: DRAM-bound, so its tiles and its roofline time shorten as well.
+    timed = ("theoretical_time_us", "sm_busy_cycles_max", "sm_busy_cycles_mean")
+    assert all(warm[n] < cold[n] for n in timed)
+    assert all(warm[n] == cold[n] for n in FEATURE_NAMES if "dram" not in n and n not in timed)
+    fast = kernel_features([kernel, warm_kernel], gpu).values  # the vectorised path agrees
+    np.testing.assert_allclose(fast[1], [warm[n] for n in FEATURE_NAMES], rtol=1e-9)
+
+
 def test_gpu_tensor_ops_equal_flops_and_roofline_is_the_slowest_pipe():
     kernel = Gemm(m=4096, n=8192, k=8192)
     f = features_of(kernel, H20)

@@ -294,6 +294,11 @@ def total_demand(t: GemmTiling, m: np.ndarray, n: np.ndarray, k: np.ndarray, bia
     }
 
 
+def cold_bytes(kernel: Gemm | ScaledMM) -> float:
+    """The part of the kernel's compulsory traffic that comes from DRAM: what L2 does not already hold."""
+    return kernel.bytes_moved() * (1.0 - kernel.l2_resident_fraction)
+
+
 def dram_fraction(unique_bytes: np.ndarray | float, l2_bytes: np.ndarray) -> np.ndarray:
     """DRAM bytes per L2 byte when L2 captures all reuse: the kernel's compulsory traffic spread over its tiles'
     loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add)."""
@@ -327,7 +332,7 @@ def _launch(kernel: Gemm | ScaledMM, gpu: GpuSpec, t: GemmTiling, name: str) -> 
     useful = tile_demand(t, rows, cols, depth, last, kernel.bias)
     full = np.ones_like(j)
     issued = full_tile_demand(t, full)
-    dram_per_l2 = dram_fraction(kernel.bytes_moved(), total_demand(t, m, n, k, kernel.bias)["l2"])[0]
+    dram_per_l2 = dram_fraction(cold_bytes(kernel), total_demand(t, m, n, k, kernel.bias)["l2"])[0]
     useful["dram"] = useful["l2"] * dram_per_l2
     issued["dram"] = issued["l2"] * dram_per_l2
     tasks = task_set(("split", "tile_m", "tile_n", "rows", "cols", "k"),

@@ -19,6 +19,7 @@ import numpy as np
 from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rates_per_sm_per_cycle
 from servesim.decompose.gemm import (
     GemmTiling,
+    cold_bytes,
     dram_fraction,
     full_tile_demand,
     gemm_tiling,
@@ -157,7 +158,7 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     rates = pipe_rates_per_sm_per_cycle(gpu, first.dtype)
     tasks = t.num_tasks(m, n)
     totals = total_demand(t, m, n, k, first.bias)
-    share = dram_fraction(np.array([x.bytes_moved() for x in kernels]), totals["l2"])
+    share = dram_fraction(np.array([cold_bytes(x) for x in kernels]), totals["l2"])
     totals["xu"] = np.zeros(len(m))
     totals["dram"] = totals["l2"] * share
     # SM 0 runs tasks 0, S, 2S, ...: every wave of every kernel at once, kernels down the rows.

@@ -7,6 +7,11 @@ an ``o_proj`` of the same shape are the same kernel to a predictor.
 ``flops()`` counts arithmetic work (a multiply-add is two FLOPs; Tensor-core work for GEMMs and attention, FP32-pipe
 work for element-wise kernels). ``bytes_moved()`` is the minimal DRAM traffic: every input read once, every output
 written once, weights included. Neither says anything about time.
+
+GEMM-family kernels also say how much of that traffic L2 already holds when they start
+(``l2_resident_fraction``): none in serving, where a layer's weights were evicted by every other layer's since
+its last use, but a measured kernel timed in a loop over a few copies of itself finds as much of them as L2 holds
+(servesim/estimator/datasets.py).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Gemm(Kernel):
     k: int
     bias: bool = False
     out_dtype: str = "bf16"
+    l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
 
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k
@@ -105,6 +111,7 @@ class ScaledMM(Kernel):
     bias: bool = False
     out_dtype: str = "bf16"
     library: str = ""
+    l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
 
     def __post_init__(self) -> None:
         libraries = SCALED_MM_LIBRARIES.get(self.scale)

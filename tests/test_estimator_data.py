@@ -74,6 +74,11 @@ def test_measured_decode_rows_featurize_with_sane_efficiency():
     assert len(set(samples.gpu)) >= 8
     # theoretical / measured stays within a few x of 1 once backends and page sizes are mapped right
     assert np.quantile(samples.efficiency, 0.99) < 8 and np.median(samples.efficiency) > 0.01
+    # aiconfigurator times one attention kernel again and again: it runs from L2 exactly when its traffic fits.
+    l2_bytes = np.array([get_gpu(g).l2_cache_mib * 2**20 for g in samples.gpu])
+    fits = np.array([k.bytes_moved() for k in samples.kernels]) <= l2_bytes
+    assert 0 < fits.sum() < len(fits)
+    assert [k.l2_resident_fraction for k in samples.kernels] == fits.astype(float).tolist()
 
 
 @pytest.mark.parametrize("gpu, backend", [

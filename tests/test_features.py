@@ -42,7 +42,9 @@ def test_vectorised_scaled_mm_features_equal_decompose_and_schedule_for_every_li
         np.testing.assert_allclose(fast.values[i], [features_of(kernel, gpu)[n] for n in FEATURE_NAMES], rtol=1e-9)
 
 
-@pytest.mark.parametrize("kernel", [Gemm(m=8, n=4096, k=4096), ScaledMM(m=8, n=4096, k=4096)])
+@pytest.mark.parametrize("kernel", [Gemm(m=8, n=4096, k=4096), ScaledMM(m=8, n=4096, k=4096),
+                                    AttentionDecode(kv_lens=(4096,) * 16, num_heads=32, num_kv_heads=8, head_dim=128,
+                                                    backend="flashinfer")])
 def test_what_l2_already_holds_leaves_dram_and_only_dram(kernel):
     gpu = get_gpu("L40S")
     cold = features_of(kernel, gpu)
@@ -50,7 +52,8 @@ def test_what_l2_already_holds_leaves_dram_and_only_dram(kernel):
     warm = features_of(warm_kernel, gpu)
     assert warm["gpu_dram_bytes"] == pytest.approx(0.25 * cold["gpu_dram_bytes"])
     assert warm["sm_dram_cycles"] == pytest.approx(0.25 * cold["sm_dram_cycles"])
-    # A decode GEMM reads its weights: DRAM-bound, so its tiles and its roofline time shorten as well.
+    # Decode GEMMs read their weights and decode attention its KV cache: DRAM-bound, so their tiles and roofline
+    # time shorten as well.
     timed = ("theoretical_time_us", "sm_busy_cycles_max", "sm_busy_cycles_mean")
     assert all(warm[n] < cold[n] for n in timed)
     assert all(warm[n] == cold[n] for n in FEATURE_NAMES if "dram" not in n and n not in timed)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.decompose.gemm import dram_fraction
+from servesim.decompose.gemm import cold_bytes, dram_fraction
 from servesim.decompose.launch import (
     MIN_HEAP,
     ROUND_ROBIN,
@@ -143,7 +143,7 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     issued = _attention_demand(d, q_b, kv_b, full_rows, full_rows * blocks * tile.block_n, blocks * tile.block_n,
                                blocks, tile, full_rows)
     # Summed over the whole launch, as the task set's tiled arrays are (heads × one head's sum rounds differently).
-    share = dram_fraction(kernel.bytes_moved(), np.tile(useful["l2"], heads).sum())
+    share = dram_fraction(cold_bytes(kernel), np.tile(useful["l2"], heads).sum())
     useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
     tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head")
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)

@@ -144,27 +144,30 @@ def _prepare_gemm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
 
 
 #: aiconfigurator's GEMM collectors (vLLM's and SGLang's ``collect_gemm.py``) time a loop over this many copies of
-#: the layer, each with its own weights, and divide by it.
+#: the layer, each with its own weights, and divide by it; its attention collectors time one layer's kernel again
+#: and again on one KV cache.
 HARNESS_GEMM_COPIES = 6
+HARNESS_ATTENTION_COPIES = 1
 
 
-def _with_harness_l2(frame: pd.DataFrame, kernels: list[Gemm | ScaledMM]) -> list[Kernel]:
-    """``kernels`` as the measuring loop ran them: when the loop's working set (every copy's traffic) fits in L2,
-    each copy finds all of its own there; when it does not, a cyclic sweep evicts each copy before its next turn
-    (least-recently-used replacement) and the copy runs cold, as in serving. Without it the measured rows are warm
-    where serving is cold: on the L40S, FP8 linears of m ≤ 64 whose six copies fit in its 96 MiB L2 run several
-    times faster than their weights can come from DRAM (``scripts/harness_l2.py``). Our own collections flush L2
-    before every repetition."""
+def _with_harness_l2(frame: pd.DataFrame, kernels: list[Kernel], copies: int) -> list[Kernel]:
+    """``kernels`` as the measuring loop ran them: when the loop's working set (``copies`` kernels' traffic) fits
+    in L2, each run finds all of its own there; when it does not, a cyclic sweep evicts each copy before its next
+    turn (least-recently-used replacement) and the run is cold, as in serving. Without it the measured rows are
+    warm where serving is cold: on the L40S, FP8 linears of m ≤ 64 whose six copies fit in its 96 MiB L2 run
+    several times faster than their weights can come from DRAM, and so does decode attention whose KV cache fits
+    (``scripts/harness_l2.py``). Our own collections flush L2 before every repetition."""
     gpus = frame["gpu"].astype(str)
     l2_bytes = gpus.map({name: get_gpu(name).l2_cache_mib * 2**20 for name in gpus.unique()}).to_numpy()
     local = _local(frame)
-    return [k if cold else replace(k, l2_resident_fraction=float(HARNESS_GEMM_COPIES * k.bytes_moved() <= l2))
+    return [k if cold else replace(k, l2_resident_fraction=float(copies * k.bytes_moved() <= l2))
             for k, l2, cold in zip(kernels, l2_bytes, local)]
 
 
 def _gemm_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return _with_harness_l2(frame, [Gemm(m=int(m), n=int(n), k=int(k), dtype=str(d))
-                                    for m, n, k, d in zip(frame["m"], frame["n"], frame["k"], frame["dtype"])])
+                                    for m, n, k, d in zip(frame["m"], frame["n"], frame["k"], frame["dtype"])],
+                            HARNESS_GEMM_COPIES)
 
 
 def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
@@ -176,7 +179,8 @@ def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
 def _scaled_mm_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return _with_harness_l2(frame, [
         ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s), library=str(lib))
-        for m, n, k, s, lib in zip(frame["m"], frame["n"], frame["k"], frame["scaling"], frame["library"])])
+        for m, n, k, s, lib in zip(frame["m"], frame["n"], frame["k"], frame["scaling"], frame["library"])],
+        HARNESS_GEMM_COPIES)
 
 
 def _quantize_kernels(frame: pd.DataFrame) -> list[Kernel]:
@@ -321,12 +325,12 @@ def _prepare_prefill(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFra
 def _prefill_kernels(frame: pd.DataFrame) -> list[Kernel]:
     columns = ("batch", "seq_len", "prefix_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype",
                "attention_backend", "page_size", "kv_layout")
-    return [
+    return _with_harness_l2(frame, [
         AttentionPrefill(query_lens=(int(s),) * int(b), kv_lens=(int(s + p),) * int(b), num_heads=int(h),
                          num_kv_heads=int(kvh), head_dim=int(d), dtype=str(dt), kv_dtype=str(kvd), backend=str(be),
                          page_size=int(ps), kv_layout=str(lay))
         for b, s, p, h, kvh, d, dt, kvd, be, ps, lay in zip(*(frame[c] for c in columns))
-    ]
+    ], HARNESS_ATTENTION_COPIES)
 
 
 def _read_generation_attention(options: DataOptions) -> pd.DataFrame:
@@ -338,11 +342,11 @@ def _read_generation_attention(options: DataOptions) -> pd.DataFrame:
 def _decode_kernels(frame: pd.DataFrame) -> list[Kernel]:
     columns = ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype", "attention_backend",
                "page_size")
-    return [
+    return _with_harness_l2(frame, [
         AttentionDecode(kv_lens=(int(kv),) * int(b), num_heads=int(h), num_kv_heads=int(kvh), head_dim=int(d),
                         dtype=str(dt), kv_dtype=str(kvd), backend=str(be), page_size=int(ps))
         for b, kv, h, kvh, d, dt, kvd, be, ps in zip(*(frame[c] for c in columns))
-    ]
+    ], HARNESS_ATTENTION_COPIES)
 
 
 # --- fused MoE ---------------------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ an ``o_proj`` of the same shape are the same kernel to a predictor.
 work for element-wise kernels). ``bytes_moved()`` is the minimal DRAM traffic: every input read once, every output
 written once, weights included. Neither says anything about time.
 
-GEMM-family kernels also say how much of that traffic L2 already holds when they start
-(``l2_resident_fraction``): none in serving, where a layer's weights were evicted by every other layer's since
-its last use, but a measured kernel timed in a loop over a few copies of itself finds as much of them as L2 holds
-(servesim/estimator/datasets.py).
+GEMM-family and attention kernels also say how much of that traffic L2 already holds when they start
+(``l2_resident_fraction``): none in serving, where a layer's weights and KV cache were evicted by every other
+layer's since its last use, but a measured kernel timed in a loop whose working set fits in L2 finds all of it
+there (servesim/estimator/datasets.py).
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ class AttentionPrefill(Kernel):
     kv_layout: str = "paged"
     page_size: int = 16
     backend: str = "fa3"
+    l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
     kv_dtype: str = "bf16"
 
     def flops(self) -> float:
@@ -227,6 +228,7 @@ class AttentionDecode(Kernel):
     head_dim: int
     page_size: int = 16
     backend: str = "fa3"
+    l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
     kv_dtype: str = "bf16"
 
     def flops(self) -> float:

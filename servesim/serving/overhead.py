@@ -58,10 +58,10 @@ _GRAPH_LAUNCH_US = 15.0
 HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
     {
         ("vllm", "0.11.0"): HostOverhead(
-            step_us=429.2, per_seq_us=14.179, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=412.9, per_seq_us=12.916, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
         ("sglang", "0.5.3"): HostOverhead(
-            step_us=433.9, per_seq_us=19.894, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=219.3, per_seq_us=21.733, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
     }
 )

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.decompose import PIPES
-from servesim.estimator.datasets import HARNESS_ATTENTION_COPIES, HARNESS_GEMM_COPIES, load_samples
+from servesim.estimator.datasets import HARNESS_COPIES, harness_l2_fills, load_samples
 from servesim.features import FEATURE_NAMES, FeatureMatrix, kernel_features
 from servesim.hardware import get_gpu
 
@@ -55,9 +55,8 @@ def main(category: str, max_rows: int, seed: int) -> None:
     cold = cold_features(list(samples.kernels), samples.gpu)
     pipe_cycles = np.column_stack([cold.column(f"sm_{p}_cycles") for p in PIPES])
     dram_bound = pipe_cycles.argmax(axis=1) == PIPES.index("dram")
-    copies = HARNESS_GEMM_COPIES if category in ("gemm", "scaled_mm") else HARNESS_ATTENTION_COPIES
-    l2_bytes = np.array([get_gpu(str(name)).l2_cache_mib * 2**20 for name in samples.gpu])
-    fills = np.array([copies * k.bytes_moved() for k in samples.kernels]) / l2_bytes
+    copies = HARNESS_COPIES[category]
+    fills = harness_l2_fills(samples.kernels, samples.gpu.astype(str).tolist(), copies)
     table = pd.DataFrame({
         "gpu": samples.gpu, "band": band_of(fills),
         "cold": cold.column("theoretical_time_us") / samples.measured_us, "aware": samples.efficiency,

@@ -143,31 +143,35 @@ def _prepare_gemm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     return _drop(frame, frame["dtype"].astype(str) == "bf16", "not BF16 (FP8 rows are scaled_mm)", dropped)
 
 
-#: aiconfigurator's GEMM collectors (vLLM's and SGLang's ``collect_gemm.py``) time a loop over this many copies of
-#: the layer, each with its own weights, and divide by it; its attention collectors time one layer's kernel again
-#: and again on one KV cache.
-HARNESS_GEMM_COPIES = 6
-HARNESS_ATTENTION_COPIES = 1
+#: How many copies of a kernel aiconfigurator's timing loop runs in turn, by category: its GEMM collectors (vLLM's
+#: and SGLang's ``collect_gemm.py``) time six copies of the layer, each with its own weights, and divide by six; its
+#: attention collectors time one layer's kernel again and again on one KV cache.
+HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "scaled_mm": 6, "attn_prefill": 1, "attn_decode": 1})
 
 
-def _with_harness_l2(frame: pd.DataFrame, kernels: list[Kernel], copies: int) -> list[Kernel]:
-    """``kernels`` as the measuring loop ran them: when the loop's working set (``copies`` kernels' traffic) fits
-    in L2, each run finds all of its own there; when it does not, a cyclic sweep evicts each copy before its next
-    turn (least-recently-used replacement) and the run is cold, as in serving. Without it the measured rows are
-    warm where serving is cold: on the L40S, FP8 linears of m ≤ 64 whose six copies fit in its 96 MiB L2 run
-    several times faster than their weights can come from DRAM, and so does decode attention whose KV cache fits
-    (``scripts/harness_l2.py``). Our own collections flush L2 before every repetition."""
-    gpus = frame["gpu"].astype(str)
-    l2_bytes = gpus.map({name: get_gpu(name).l2_cache_mib * 2**20 for name in gpus.unique()}).to_numpy()
-    local = _local(frame)
-    return [k if cold else replace(k, l2_resident_fraction=float(copies * k.bytes_moved() <= l2))
-            for k, l2, cold in zip(kernels, l2_bytes, local)]
+def harness_l2_fills(kernels: Sequence[Kernel], gpus: Sequence[str], copies: int) -> np.ndarray:
+    """How many times the timing loop's working set (``copies`` kernels' ``bytes_moved()``) fills the L2 of each
+    row's GPU."""
+    l2_bytes = {name: get_gpu(name).l2_cache_mib * 2**20 for name in set(gpus)}
+    return np.array([copies * k.bytes_moved() / l2_bytes[g] for k, g in zip(kernels, gpus)])
+
+
+def _with_harness_l2(frame: pd.DataFrame, kernels: list[Kernel], category: str) -> list[Kernel]:
+    """``kernels`` as the measuring loop ran them: when the loop's working set fits in L2, each run finds all of
+    its own there; when it does not, a cyclic sweep evicts each copy before its next turn (least-recently-used
+    replacement) and the run is cold, as in serving. Without it the measured rows are warm where serving is cold:
+    on the L40S, FP8 linears of m ≤ 64 whose six copies fit in its 96 MiB L2 run several times faster than their
+    weights can come from DRAM, and so does decode attention whose KV cache fits (``scripts/harness_l2.py``). Our
+    own collections flush L2 before every repetition."""
+    fills = harness_l2_fills(kernels, frame["gpu"].astype(str).tolist(), HARNESS_COPIES[category])
+    return [k if cold else replace(k, l2_resident_fraction=float(fill <= 1.0))
+            for k, fill, cold in zip(kernels, fills, _local(frame))]
 
 
 def _gemm_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return _with_harness_l2(frame, [Gemm(m=int(m), n=int(n), k=int(k), dtype=str(d))
                                     for m, n, k, d in zip(frame["m"], frame["n"], frame["k"], frame["dtype"])],
-                            HARNESS_GEMM_COPIES)
+                            "gemm")
 
 
 def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
@@ -180,7 +184,7 @@ def _scaled_mm_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return _with_harness_l2(frame, [
         ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s), library=str(lib))
         for m, n, k, s, lib in zip(frame["m"], frame["n"], frame["k"], frame["scaling"], frame["library"])],
-        HARNESS_GEMM_COPIES)
+        "scaled_mm")
 
 
 def _quantize_kernels(frame: pd.DataFrame) -> list[Kernel]:
@@ -330,7 +334,7 @@ def _prefill_kernels(frame: pd.DataFrame) -> list[Kernel]:
                          num_kv_heads=int(kvh), head_dim=int(d), dtype=str(dt), kv_dtype=str(kvd), backend=str(be),
                          page_size=int(ps), kv_layout=str(lay))
         for b, s, p, h, kvh, d, dt, kvd, be, ps, lay in zip(*(frame[c] for c in columns))
-    ], HARNESS_ATTENTION_COPIES)
+    ], "attn_prefill")
 
 
 def _read_generation_attention(options: DataOptions) -> pd.DataFrame:
@@ -346,7 +350,7 @@ def _decode_kernels(frame: pd.DataFrame) -> list[Kernel]:
         AttentionDecode(kv_lens=(int(kv),) * int(b), num_heads=int(h), num_kv_heads=int(kvh), head_dim=int(d),
                         dtype=str(dt), kv_dtype=str(kvd), backend=str(be), page_size=int(ps))
         for b, kv, h, kvh, d, dt, kvd, be, ps in zip(*(frame[c] for c in columns))
-    ], HARNESS_ATTENTION_COPIES)
+    ], "attn_decode")
 
 
 # --- fused MoE ---------------------------------------------------------------------------------------------------

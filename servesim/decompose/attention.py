@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.decompose.gemm import cold_bytes, dram_fraction
+from servesim.decompose.gemm import cold_bytes
 from servesim.decompose.launch import (
     MIN_HEAP,
+    PIPES,
     ROUND_ROBIN,
     Launch,
     LaunchConfig,
@@ -37,6 +38,7 @@ FLASHINFER_DECODE_MAX_GROUP = 4
 MAX_SPLITS = 128
 #: FA3's L2-size split rule assumes a 50 MiB L2 (hopper/heuristics.h).
 _FA3_L2_BYTES = 50 * 1024 * 1024
+_PIPE_ROW = {p: i for i, p in enumerate(PIPES)}
 
 
 @dataclass(frozen=True)
@@ -120,17 +122,18 @@ def _tile_work(q: np.ndarray, kv: np.ndarray, row_a: np.ndarray, row_b: np.ndarr
 
 
 def _attention_demand(head_dim: int, q_bytes: float, kv_bytes: float, rows, pairs, keys, blocks, tile, issued_rows):
-    """Per-task demand: Tensor (QK^T and PV, 4·d per scored pair), XU (one exp per pair plus one rescale per row
-    and key block), FMA (scale, max, subtract and sum per pair; output rescale per row, dim and key block), L2
-    (Q in, O out, the walked K and V), shared memory (K/V written once, read by each reader warp(group); Q staged)."""
+    """Per-task demand, a row per pipe of :data:`PIPES` (DRAM left at 0 for :func:`task_set` to spread): Tensor
+    (QK^T and PV, 4·d per scored pair), XU (one exp per pair plus one rescale per row and key block), FMA (scale,
+    max, subtract and sum per pair; output rescale per row, dim and key block), L2 (Q in, O out, the walked K and
+    V), shared memory (K/V written once, read by each reader warp(group); Q staged)."""
     kv_tile_bytes = 2 * keys * head_dim * kv_bytes
-    return {
-        "tensor": 4.0 * head_dim * pairs,
-        "xu": (pairs + issued_rows * blocks).astype(np.float64),
-        "fma": (3.0 * pairs + rows * head_dim * blocks).astype(np.float64),
-        "l2": (2 * rows * head_dim * q_bytes + kv_tile_bytes).astype(np.float64),
-        "smem": (kv_tile_bytes * (1 + tile.kv_readers) + 2 * issued_rows * head_dim * q_bytes).astype(np.float64),
-    }
+    demand = np.zeros((len(PIPES), len(rows)))
+    demand[_PIPE_ROW["tensor"]] = 4.0 * head_dim * pairs
+    demand[_PIPE_ROW["xu"]] = pairs + issued_rows * blocks
+    demand[_PIPE_ROW["fma"]] = 3.0 * pairs + rows * head_dim * blocks
+    demand[_PIPE_ROW["l2"]] = 2 * rows * head_dim * q_bytes + kv_tile_bytes
+    demand[_PIPE_ROW["smem"]] = kv_tile_bytes * (1 + tile.kv_readers) + 2 * issued_rows * head_dim * q_bytes
+    return demand
 
 
 def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: np.ndarray, rows, pairs,
@@ -142,10 +145,8 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     full_rows = np.where(rows > 0, tile.block_m, 0)
     issued = _attention_demand(d, q_b, kv_b, full_rows, full_rows * blocks * tile.block_n, blocks * tile.block_n,
                                blocks, tile, full_rows)
-    # Summed over the whole launch, as the task set's tiled arrays are (heads × one head's sum rounds differently).
-    share = dram_fraction(cold_bytes(kernel), np.tile(useful["l2"], heads).sum())
-    useful["dram"], issued["dram"] = useful["l2"] * share, issued["l2"] * share
-    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head")
+    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head",
+                     cold_dram_bytes=cold_bytes(kernel))
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)
     grid = tasks.size
     if tile.persistent:

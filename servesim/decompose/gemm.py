@@ -17,6 +17,7 @@ from servesim.decompose.launch import (
     STATIC_PERSISTENT,
     Launch,
     LaunchConfig,
+    dram_fraction,
     occupancy,
     pipe_rates_per_sm_per_cycle,
     task_set,
@@ -297,12 +298,6 @@ def total_demand(t: GemmTiling, m: np.ndarray, n: np.ndarray, k: np.ndarray, bia
 def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> float:
     """The part of the kernel's compulsory traffic that comes from DRAM: what L2 does not already hold."""
     return kernel.bytes_moved() * (1.0 - kernel.l2_resident_fraction)
-
-
-def dram_fraction(unique_bytes: np.ndarray | float, l2_bytes: np.ndarray) -> np.ndarray:
-    """DRAM bytes per L2 byte when L2 captures all reuse: the kernel's compulsory traffic spread over its tiles'
-    loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add)."""
-    return np.minimum(np.asarray(unique_bytes, dtype=np.float64) / np.maximum(l2_bytes, 1.0), 1.0)
 
 
 def tile_coords(j: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, t: GemmTiling):

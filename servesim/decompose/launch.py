@@ -23,6 +23,7 @@ POLICIES = (ROUND_ROBIN, MIN_HEAP, STATIC_PERSISTENT)
 
 #: Demand fields of a task set, in feature order: Tensor/FMA/XU pipes (ops) and the memory hierarchy (bytes).
 PIPES = ("tensor", "fma", "xu", "dram", "l2", "smem")
+_DRAM, _L2 = PIPES.index("dram"), PIPES.index("l2")
 
 #: Shared-memory bandwidth per SM: 32 banks x 4 bytes per cycle (CUDA C++ Programming Guide, "Shared Memory",
 #: compute capabilities 5.x-12.x).
@@ -165,31 +166,48 @@ def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> dict[str, fl
 def task_set(
     dim_names: tuple[str, ...],
     dims: np.ndarray,
-    demand: dict[str, np.ndarray],
+    demand: dict[str, np.ndarray] | np.ndarray,
     rates: dict[str, float],
-    issued: dict[str, np.ndarray] | None = None,
+    issued: dict[str, np.ndarray] | np.ndarray | None = None,
     repeats: int = 1,
     repeat_dim: str = "",
+    cold_dram_bytes: float | None = None,
 ) -> TaskSet:
     """Build a :class:`TaskSet`. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
     when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one.
+    Demand is by pipe name, or a float64 array with a row per pipe of :data:`PIPES` (taken over, not copied).
 
     ``dims``, ``demand`` and ``issued`` may describe one block of tasks that the launch repeats ``repeats`` times
     (attention runs the same tiles for every head), numbered in the dimension ``repeat_dim``: durations are then
-    worked out once per block."""
+    worked out once per block. With ``cold_dram_bytes``, each task's DRAM demand is that traffic spread over the
+    tasks of every repeat in proportion to their L2 demand (:func:`dram_fraction`)."""
     block = len(dims)
     useful = _by_pipe(demand, block)
     timed = useful if issued is None else _by_pipe(issued, block)
+    every = np.tile(useful, (1, repeats)) if repeats > 1 else useful
+    if cold_dram_bytes is not None:
+        share = dram_fraction(cold_dram_bytes, every[_L2].sum())
+        for rows in (every, timed):
+            rows[_DRAM] = rows[_L2] * share
     rates_by_pipe = np.array([rates[p] for p in PIPES])[:, None]
     duration = (timed / rates_by_pipe).max(axis=0) if block else np.zeros(0)
     if repeats > 1:
-        useful, duration = np.tile(useful, (1, repeats)), np.tile(duration, repeats)
-    return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(block, len(dim_names)), useful, duration,
+        duration = np.tile(duration, repeats)
+    return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(block, len(dim_names)), every, duration,
                    repeats, repeat_dim)
 
 
-def _by_pipe(demand: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """Each pipe's demand as a row of a float64 array of ``n`` tasks (a missing pipe or a scalar broadcast)."""
+def dram_fraction(unique_bytes: np.ndarray | float, l2_bytes: np.ndarray | float) -> np.ndarray:
+    """DRAM bytes per L2 byte when L2 captures all reuse: the kernel's compulsory traffic spread over its tiles'
+    loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add)."""
+    return np.minimum(np.asarray(unique_bytes, dtype=np.float64) / np.maximum(l2_bytes, 1.0), 1.0)
+
+
+def _by_pipe(demand: dict[str, np.ndarray] | np.ndarray, n: int) -> np.ndarray:
+    """Each pipe's demand as a row of a float64 array of ``n`` tasks (a missing pipe or a scalar broadcast); an
+    array is already that."""
+    if isinstance(demand, np.ndarray):
+        return demand
     by_pipe = np.empty((len(PIPES), n))
     for row, p in zip(by_pipe, PIPES):
         row[...] = demand.get(p, 0.0)

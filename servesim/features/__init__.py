@@ -20,7 +20,6 @@ from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rates_p
 from servesim.decompose.gemm import (
     GemmTiling,
     cold_bytes,
-    dram_fraction,
     full_tile_demand,
     gemm_tiling,
     scaled_mm_tiling,
@@ -28,7 +27,7 @@ from servesim.decompose.gemm import (
     tile_demand,
     total_demand,
 )
-from servesim.decompose.launch import LaunchConfig
+from servesim.decompose.launch import LaunchConfig, dram_fraction
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import Gemm, Kernel, ScaledMM

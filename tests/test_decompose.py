@@ -96,6 +96,20 @@ def test_attention_tasks_run_head_after_head_each_alike(kernel):
         assert np.array_equal(values, np.tile(values[:per_head], (heads,) + (1,) * (values.ndim - 1)))
 
 
+@pytest.mark.parametrize(("kernel", "gpu"), [
+    (AttentionPrefill(query_lens=(300, 1000), kv_lens=(800, 1000), num_heads=32, num_kv_heads=8, head_dim=128,
+                      backend="fa2"), A100),
+    (AttentionDecode(kv_lens=(300, 5000, 17), num_heads=32, num_kv_heads=8, head_dim=128, backend="fa3"), H100),
+])
+def test_attention_reads_its_kv_cache_from_dram_once_over_every_head(kernel, gpu):
+    # The cold bytes are spread over the tasks of all heads, not repeated per head nor shared by one head's tasks.
+    (launch,) = decompose(kernel, gpu)
+    demand = launch.tasks.demand
+    assert demand["dram"].sum() == pytest.approx(min(kernel.bytes_moved(), demand["l2"].sum()), rel=1e-9)
+    busy = demand["l2"] > 0
+    assert np.allclose(demand["dram"][busy] / demand["l2"][busy], demand["dram"].sum() / demand["l2"].sum())
+
+
 def test_fa3_prefill_packs_gqa_and_runs_persistent():
     kernel = AttentionPrefill(query_lens=(300, 1000), kv_lens=(300, 1000), num_heads=32, num_kv_heads=8,
                               head_dim=128, backend="fa3")

@@ -15,6 +15,7 @@ import numpy as np
 from servesim.decompose.gemm import cold_bytes
 from servesim.decompose.launch import (
     MIN_HEAP,
+    PIPE_ROW,
     PIPES,
     ROUND_ROBIN,
     Launch,
@@ -38,7 +39,6 @@ FLASHINFER_DECODE_MAX_GROUP = 4
 MAX_SPLITS = 128
 #: FA3's L2-size split rule assumes a 50 MiB L2 (hopper/heuristics.h).
 _FA3_L2_BYTES = 50 * 1024 * 1024
-_PIPE_ROW = {p: i for i, p in enumerate(PIPES)}
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,11 @@ def _attention_demand(head_dim: int, q_bytes: float, kv_bytes: float, rows, pair
     V), shared memory (K/V written once, read by each reader warp(group); Q staged)."""
     kv_tile_bytes = 2 * keys * head_dim * kv_bytes
     demand = np.zeros((len(PIPES), len(rows)))
-    demand[_PIPE_ROW["tensor"]] = 4.0 * head_dim * pairs
-    demand[_PIPE_ROW["xu"]] = pairs + issued_rows * blocks
-    demand[_PIPE_ROW["fma"]] = 3.0 * pairs + rows * head_dim * blocks
-    demand[_PIPE_ROW["l2"]] = 2 * rows * head_dim * q_bytes + kv_tile_bytes
-    demand[_PIPE_ROW["smem"]] = kv_tile_bytes * (1 + tile.kv_readers) + 2 * issued_rows * head_dim * q_bytes
+    demand[PIPE_ROW["tensor"]] = 4.0 * head_dim * pairs
+    demand[PIPE_ROW["xu"]] = pairs + issued_rows * blocks
+    demand[PIPE_ROW["fma"]] = 3.0 * pairs + rows * head_dim * blocks
+    demand[PIPE_ROW["l2"]] = 2 * rows * head_dim * q_bytes + kv_tile_bytes
+    demand[PIPE_ROW["smem"]] = kv_tile_bytes * (1 + tile.kv_readers) + 2 * issued_rows * head_dim * q_bytes
     return demand
 
 

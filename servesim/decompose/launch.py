@@ -23,7 +23,8 @@ POLICIES = (ROUND_ROBIN, MIN_HEAP, STATIC_PERSISTENT)
 
 #: Demand fields of a task set, in feature order: Tensor/FMA/XU pipes (ops) and the memory hierarchy (bytes).
 PIPES = ("tensor", "fma", "xu", "dram", "l2", "smem")
-_DRAM, _L2 = PIPES.index("dram"), PIPES.index("l2")
+#: Each pipe's row in a pipe-by-task demand array.
+PIPE_ROW = {p: i for i, p in enumerate(PIPES)}
 
 #: Shared-memory bandwidth per SM: 32 banks x 4 bytes per cycle (CUDA C++ Programming Guide, "Shared Memory",
 #: compute capabilities 5.x-12.x).
@@ -186,9 +187,9 @@ def task_set(
     timed = useful if issued is None else _by_pipe(issued, block)
     every = np.tile(useful, (1, repeats)) if repeats > 1 else useful
     if cold_dram_bytes is not None:
-        share = dram_fraction(cold_dram_bytes, every[_L2].sum())
+        share = dram_fraction(cold_dram_bytes, every[PIPE_ROW["l2"]].sum())
         for rows in (every, timed):
-            rows[_DRAM] = rows[_L2] * share
+            rows[PIPE_ROW["dram"]] = rows[PIPE_ROW["l2"]] * share
     rates_by_pipe = np.array([rates[p] for p in PIPES])[:, None]
     duration = (timed / rates_by_pipe).max(axis=0) if block else np.zeros(0)
     if repeats > 1:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.decompose import PIPES
+from servesim.decompose.launch import PIPE_ROW
 from servesim.estimator.datasets import HARNESS_COPIES, harness_l2_fills, load_samples
 from servesim.features import FEATURE_NAMES, FeatureMatrix, kernel_features
 from servesim.hardware import get_gpu
@@ -54,7 +55,7 @@ def main(category: str, max_rows: int, seed: int) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=seed)
     cold = cold_features(list(samples.kernels), samples.gpu)
     pipe_cycles = np.column_stack([cold.column(f"sm_{p}_cycles") for p in PIPES])
-    dram_bound = pipe_cycles.argmax(axis=1) == PIPES.index("dram")
+    dram_bound = pipe_cycles.argmax(axis=1) == PIPE_ROW["dram"]
     copies = HARNESS_COPIES[category]
     fills = harness_l2_fills(samples.kernels, samples.gpu.astype(str).tolist(), copies)
     table = pd.DataFrame({

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.decompose.gemm import cold_bytes
 from servesim.decompose.launch import (
     MIN_HEAP,
     PIPE_ROW,
@@ -20,6 +19,7 @@ from servesim.decompose.launch import (
     ROUND_ROBIN,
     Launch,
     LaunchConfig,
+    cold_bytes,
     occupancy,
     pipe_rates_per_sm_per_cycle,
     task_set,

@@ -17,13 +17,14 @@ from servesim.decompose.launch import (
     STATIC_PERSISTENT,
     Launch,
     LaunchConfig,
+    cold_bytes,
     dram_fraction,
     occupancy,
     pipe_rates_per_sm_per_cycle,
     task_set,
 )
 from servesim.hardware import GpuSpec
-from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, ScaledMM, dtype_bytes
+from servesim.kernels.types import Gemm, ScaledMM, dtype_bytes
 
 #: Bytes of one K step of a Hopper TMA/wgmma pipeline stage (64 bf16 or 128 fp8 elements: a 128-byte swizzle row).
 _HOPPER_BK_BYTES = 128
@@ -293,11 +294,6 @@ def total_demand(t: GemmTiling, m: np.ndarray, n: np.ndarray, k: np.ndarray, bia
         "l2": l2.astype(np.float64),
         "smem": ((panels + reads) * t.in_bytes).astype(np.float64),
     }
-
-
-def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> float:
-    """The part of the kernel's compulsory traffic that comes from DRAM: what L2 does not already hold."""
-    return kernel.bytes_moved() * (1.0 - kernel.l2_resident_fraction)
 
 
 def tile_coords(j: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, t: GemmTiling):

@@ -14,6 +14,7 @@ import numpy as np
 
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
+from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, ScaledMM
 
 #: Scheduling policies (see servesim.scheduler).
 ROUND_ROBIN = "round_robin"  # hardware block scheduler
@@ -196,6 +197,11 @@ def task_set(
         duration = np.tile(duration, repeats)
     return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(block, len(dim_names)), every, duration,
                    repeats, repeat_dim)
+
+
+def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> float:
+    """The part of the kernel's compulsory traffic that comes from DRAM: what L2 does not already hold."""
+    return kernel.bytes_moved() * (1.0 - kernel.l2_resident_fraction)
 
 
 def dram_fraction(unique_bytes: np.ndarray | float, l2_bytes: np.ndarray | float) -> np.ndarray:

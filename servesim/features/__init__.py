@@ -19,7 +19,6 @@ import numpy as np
 from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rates_per_sm_per_cycle
 from servesim.decompose.gemm import (
     GemmTiling,
-    cold_bytes,
     full_tile_demand,
     gemm_tiling,
     scaled_mm_tiling,
@@ -27,7 +26,7 @@ from servesim.decompose.gemm import (
     tile_demand,
     total_demand,
 )
-from servesim.decompose.launch import LaunchConfig, dram_fraction
+from servesim.decompose.launch import LaunchConfig, cold_bytes, dram_fraction
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import Gemm, Kernel, ScaledMM

@@ -58,7 +58,7 @@ def main() -> None:
               f"{result.duration_s:,.0f} s of serving in {elapsed:.2f} s -> {len(workload) / elapsed:,.0f} requests/s, "
               f"{len(result.steps.start_s) / elapsed:,.0f} steps/s; "
               f"{step_model.step_time_us.cache_info().currsize:,} batches, "
-              f"{step_model.layer_attention_us.cache_info().currsize:,} attention batches and "
+              f"{len(step_model.attention_by_batch):,} attention batches and "
               f"{step_model.rest_time_us.cache_info().currsize:,} token/request counts timed")
 
     sampled, finish = [], simulator.finish_step

@@ -106,17 +106,20 @@ class DecodeSpan:
         """``(host overhead, per-stage GPU time)``, µs, at mean context ``context``."""
         w = (context - self.low_context) / self.span if self.span else 0.0
         return (self.overhead_us + w * self.overhead_delta_us,
-                tuple(a + w * d for a, d in zip(self.stage_us, self.stage_delta_us)))
+                tuple([a + w * d for a, d in zip(self.stage_us, self.stage_delta_us)]))
 
 
 def decode_span(step_model: StepTimeModel, num_decodes: int, low: int, spread: int) -> DecodeSpan:
     """The :class:`DecodeSpan` of ``num_decodes`` decodes at mean contexts from grid context ``low``, the longest
     ``spread`` (:func:`decode_spread`) above the mean."""
-    at_low = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low, spread)))
+    low_batch = BatchSpec(decodes=representative_decodes(num_decodes, low, spread))
     if low < EXACT_BELOW:  # every context there is on the grid
+        at_low = step_model.step_time_us(low_batch)
         return DecodeSpan(low, 0, at_low.overhead_us, at_low.stage_us, 0.0, (0.0,) * len(at_low.stage_us))
     span = _grid_step(low, DECODE_BITS)
-    at_high = step_model.step_time_us(BatchSpec(decodes=representative_decodes(num_decodes, low + span, spread)))
+    high_batch = BatchSpec(decodes=representative_decodes(num_decodes, low + span, spread))
+    step_model.layer_attentions_us((low_batch, high_batch))  # both ends' attention kernels in one estimator call
+    at_low, at_high = step_model.step_time_us(low_batch), step_model.step_time_us(high_batch)
     return DecodeSpan(low, span, at_low.overhead_us, at_low.stage_us, at_high.overhead_us - at_low.overhead_us,
                       tuple(b - a for a, b in zip(at_low.stage_us, at_high.stage_us)))
 
@@ -163,18 +166,25 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     spread = decode_spread(mean_context, step.decode_max_context) if decodes else 0
     new_tokens, cached_tokens = equal_chunks(step.prefills)
     chunk_bounds = grid_bounds(new_tokens, CHUNK_BITS)
-    cached = round_length(round(cached_tokens), PREFILL_BITS)
     count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
-
-    def attention(chunk_tokens: int, count: int) -> tuple[float, int]:
-        chunks = (PrefillChunk(chunk_tokens, cached),) * len(step.prefills)
-        return step_model.layer_attention_us(BatchSpec(chunks, representative_decodes(count, context, spread)))
-
-    (attention_us,) = _bilinear(lambda chunk_tokens, count: attention(chunk_tokens, count)[:1], chunk_bounds,
-                                _weight(new_tokens, chunk_bounds), count_bounds, _weight(decodes, count_bounds))
-    time = step_model.compose(rest_us, attention_us, attention(chunk_bounds[0], count_bounds[0])[1], requests,
-                              plan.mode)
+    chunk_weight, count_weight = _weight(new_tokens, chunk_bounds), _weight(decodes, count_bounds)
+    shape = (len(step.prefills), round_length(round(cached_tokens), PREFILL_BITS), context, spread)
+    memo = step_model.mixed_attention
+    corners = [shape + (chunk_tokens, count) for count in count_bounds[:2 if count_weight else 1]
+               for chunk_tokens in chunk_bounds[:2 if chunk_weight else 1]]
+    missing = [corner for corner in corners if corner not in memo]
+    if missing:
+        memo.update(zip(missing, step_model.layer_attentions_us([_mixed_batch(*corner) for corner in missing])))
+    (attention_us,) = _bilinear(lambda chunk_tokens, count: memo[shape + (chunk_tokens, count)][:1], chunk_bounds,
+                                chunk_weight, count_bounds, count_weight)
+    time = step_model.compose(rest_us, attention_us, memo[corners[0]][1], requests, plan.mode)
     return time.overhead_us, time.stage_us
+
+
+def _mixed_batch(prefills: int, cached: int, context: int, spread: int, chunk_tokens: int, count: int) -> BatchSpec:
+    """The representative batch of a mixed step: ``prefills`` equal chunks of ``chunk_tokens`` new tokens after
+    ``cached`` ones, and ``count`` decodes at mean context ``context``, the longest ``spread`` above it."""
+    return BatchSpec((PrefillChunk(chunk_tokens, cached),) * prefills, representative_decodes(count, context, spread))
 
 
 def rest_token_bounds(step_model: StepTimeModel, tokens: int, mode: str) -> tuple[int, int]:

@@ -11,6 +11,7 @@ kernel (frozen, hashable), and whole steps by batch.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,15 @@ class StepTime:
 
 def _is_attention(kernel: Kernel) -> bool:
     return isinstance(kernel, (AttentionDecode, AttentionPrefill))
+
+
+def _alike_stages(model: ModelConfig, pp: int) -> tuple[int, ...]:
+    """For each pipeline stage, the first stage that launches the same kernels outside attention: inner stages
+    (neither embedding nor LM head) with the same sequence of dense and MoE layers launch the same ones."""
+    first: dict[tuple, int] = {}
+    return tuple(first.setdefault((stage == 0, stage == pp - 1,
+                                   tuple(map(model.is_moe_layer, stage_layers(model.num_layers, pp, stage)))), stage)
+                 for stage in range(pp))
 
 
 def _comm_implementation(collective: Collective, in_graph: bool) -> str:
@@ -87,13 +97,17 @@ class StepTimeModel:
         self.kv_cache_dtype = kv_cache_dtype
         self._traits = gpu_traits(gpu, self._engine.name, par.tp)
         self._stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
+        self._stage_alike = _alike_stages(model, par.pp)
         self._kernel_us: dict[Kernel, float] = {}
         self._collective_us: dict[tuple[Collective, bool], float] = {}
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
         #: Each stage's time outside attention, µs, by (tokens, requests, decode only).
         self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
-        #: One layer's attention time, µs, and its number of kernels, by batch.
-        self.layer_attention_us = functools.lru_cache(maxsize=65536)(self._layer_attention_us)
+        #: One layer's attention time, µs, and its number of kernels, by batch (:meth:`layer_attentions_us`).
+        self.attention_by_batch: dict[BatchSpec, tuple[float, int]] = {}
+        #: The same for the representative batches of mixed steps, by what they depend on
+        #: (servesim/serving/step_cache.py).
+        self.mixed_attention: dict[tuple[int, ...], tuple[float, int]] = {}
         #: The decode spans servesim/serving/step_cache.py interpolates decode-only steps in, by what they depend on.
         self.decode_spans: dict[tuple[int, int, int], Any] = {}
 
@@ -138,8 +152,11 @@ class StepTimeModel:
         decodes = (1,) * (num_requests if decode_only else num_requests - 1)
         prefills = () if decode_only else (PrefillChunk(num_tokens - len(decodes)),)
         proxy = BatchSpec(prefills, decodes)
-        stage_us = []
-        for stage in range(self.par.pp):
+        stage_us: list[float] = []
+        for stage, alike in enumerate(self._stage_alike):
+            if alike < stage:
+                stage_us.append(stage_us[alike])
+                continue
             step = self.expand_stage(proxy, stage)
             others = [(op, n) for op, n in step.op_counts if isinstance(op, Kernel) and not _is_attention(op)]
             kernel_us = self.kernel_times_us([op for op, _ in others])
@@ -151,15 +168,31 @@ class StepTimeModel:
             stage_us.append(float(kernel_us @ np.array([n for _, n in others])) + comm_us)
         return tuple(stage_us)
 
-    def _layer_attention_us(self, batch: BatchSpec) -> tuple[float, int]:
-        kernels = list(layer_attention(self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype,
-                                       self.kv_cache_dtype))
-        kernel_us = self.kernel_times_us(kernels)
-        if self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full":
-            # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager step): it
-            # pays the launch floor.
-            kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
-        return float(kernel_us.sum()), len(kernels)
+    def layer_attention_us(self, batch: BatchSpec) -> tuple[float, int]:
+        """One layer's attention time, µs, and its number of kernels (memoised)."""
+        known = self.attention_by_batch.get(batch)
+        return known if known is not None else self.layer_attentions_us((batch,))[0]
+
+    def layer_attentions_us(self, batches: Sequence[BatchSpec]) -> list[tuple[float, int]]:
+        """:meth:`layer_attention_us` of each batch, the kernels of those not seen before predicted in one
+        estimator call: the fixed cost of a call (features, descriptors, the forward pass) is then paid once for
+        the several batches a step interpolates between."""
+        known = self.attention_by_batch
+        new = [batch for batch in dict.fromkeys(batches) if batch not in known]
+        if new:
+            kernels = [layer_attention(self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype,
+                                       self.kv_cache_dtype) for batch in new]
+            times_us = self.kernel_times_us([kernel for batch_kernels in kernels for kernel in batch_kernels])
+            start = 0
+            for batch, batch_kernels in zip(new, kernels):
+                kernel_us = times_us[start:start + len(batch_kernels)]
+                start += len(batch_kernels)
+                if self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full":
+                    # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager
+                    # step): it pays the launch floor.
+                    kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
+                known[batch] = (float(kernel_us.sum()), len(batch_kernels))
+        return [known[batch] for batch in batches]
 
     def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: int,
                 num_requests: int, graph_mode: str) -> StepTime:

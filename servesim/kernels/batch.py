@@ -46,7 +46,7 @@ class BatchSpec:
             raise ServesimError("the batch is empty; give at least one 'prefill:N' or 'decode:CONTEXT' item")
         if any(p.new_tokens < 1 or p.cached_tokens < 0 for p in self.prefills):
             raise ServesimError("a prefill chunk needs at least 1 new token and a non-negative cached count")
-        if any(c < 0 for c in self.decodes):
+        if self.decodes and min(self.decodes) < 0:
             raise ServesimError("a decode context must be 0 or more tokens")
 
     @property

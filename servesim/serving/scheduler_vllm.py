@@ -133,20 +133,25 @@ class VllmScheduler:
         news: list[int] = []
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        running, block_size = self.running, self.block_size
+        # _blocks_to_add and _take written out: this loop runs for every running request of every step.
+        while i < len(running) and budget > 0:
+            req = running[i]
             i += 1
             if req.in_flight:
                 continue
-            new = min(req.prompt + req.generated - req.computed, budget)
-            need = self._blocks_to_add(req, new)
+            new = req.prompt + req.generated - req.computed
+            if new > budget:
+                new = budget
+            need = -(-(req.computed + new) // block_size) - req.kv_held
             while need > self.free:
                 victim = self._preempt_newest(i - 1)
                 preempted = True
                 if victim is None or victim is req:
                     break
             else:
-                self._take(req, need)
+                self.free -= need
+                req.kv_held += need
                 reqs.append(req)
                 news.append(new)
                 budget -= new

@@ -56,10 +56,11 @@ class _Replica:
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
         free. Returns its start and end."""
-        start_s = max(now_s, self.cpu_free_s)
+        start_s = now_s if now_s > self.cpu_free_s else self.cpu_free_s
         t_s = self.cpu_free_s = start_s + overhead_us * 1e-6
-        for stage, stage_us in enumerate(stages_us):
-            t_s = self.stage_free_s[stage] = max(t_s, self.stage_free_s[stage]) + stage_us * 1e-6
+        free_s = self.stage_free_s
+        for stage, stage_us in enumerate(stages_us):  # conditionals, not max(): this runs for every launch
+            t_s = free_s[stage] = (t_s if t_s > free_s[stage] else free_s[stage]) + stage_us * 1e-6
         return start_s, t_s
 
     def launch(self, now_s: float, log: list[tuple]) -> list[tuple[float, Step]]:

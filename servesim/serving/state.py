@@ -73,7 +73,8 @@ def make_step(requests: list[RequestState], new_tokens: list[int]) -> Step:
         if new == 1 and req.generated and computed == req.prompt + req.generated - 1:
             num_decodes += 1
             contexts += computed
-            longest = max(longest, computed)
+            if computed > longest:
+                longest = computed
         else:
             prefills.append(PrefillChunk(new, computed))
     return Step(tuple(requests), tuple(new_tokens), num_decodes, contexts, longest, tuple(prefills))

@@ -186,17 +186,21 @@ def task_set(
     block = len(dims)
     useful = _by_pipe(demand, block)
     timed = useful if issued is None else _by_pipe(issued, block)
-    every = np.tile(useful, (1, repeats)) if repeats > 1 else useful
+    every = _repeated(useful, repeats)
     if cold_dram_bytes is not None:
         share = dram_fraction(cold_dram_bytes, every[PIPE_ROW["l2"]].sum())
         for rows in (every, timed):
             rows[PIPE_ROW["dram"]] = rows[PIPE_ROW["l2"]] * share
     rates_by_pipe = np.array([rates[p] for p in PIPES])[:, None]
-    duration = (timed / rates_by_pipe).max(axis=0) if block else np.zeros(0)
-    if repeats > 1:
-        duration = np.tile(duration, repeats)
+    duration = _repeated((timed / rates_by_pipe).max(axis=0) if block else np.zeros(0), repeats)
     return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(block, len(dim_names)), every, duration,
                    repeats, repeat_dim)
+
+
+def _repeated(values: np.ndarray, repeats: int) -> np.ndarray:
+    """``values`` (per task, along the last axis) repeated ``repeats`` times along it, as ``np.tile`` does,
+    without np.tile's per-call overhead (a new array unless ``repeats`` is 1)."""
+    return values if repeats == 1 else np.concatenate([values] * repeats, axis=-1)
 
 
 def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> float:

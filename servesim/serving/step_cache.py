@@ -104,7 +104,9 @@ class DecodeSpan:
 
     def at(self, context: int) -> tuple[float, tuple[float, ...]]:
         """``(host overhead, per-stage GPU time)``, µs, at mean context ``context``."""
-        w = (context - self.low_context) / self.span if self.span else 0.0
+        if context == self.low_context:
+            return self.overhead_us, self.stage_us
+        w = (context - self.low_context) / self.span
         return (self.overhead_us + w * self.overhead_delta_us,
                 tuple([a + w * d for a, d in zip(self.stage_us, self.stage_delta_us)]))
 

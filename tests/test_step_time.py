@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from servesim.errors import ServesimError
 from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import BatchSpec, PrefillChunk
@@ -145,3 +146,23 @@ def test_decode_steps_with_one_long_context_keep_its_cost(engine):
         errors.append(sum(stages_us) / sum(model.step_time_us(batch).stage_us) - 1)
     assert abs(np.mean(errors)) < 0.01
     assert np.max(np.abs(errors)) < 0.05
+
+
+def test_models_of_one_tp_share_layer_times_across_pipeline_depths():
+    # A capacity search times several layouts of one TP in one process: the second model reuses the first's
+    # attention and kernel times, and gives the step times it would give alone (to the float32 rounding of the
+    # estimator's forward pass, which differs with the kernels predicted together).
+    estimator = get_estimator("mlp")
+    llama70 = get_model("llama3-70b")
+    alone = StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), estimator)
+    first = StepTimeModel("vllm", llama70, GPU, Parallelism(4, 1), estimator)
+    for batch in BATCHES.values():
+        first.step_time_us(batch)
+    shared = StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), estimator, shares_with=first)
+    assert shared.attention_by_batch is first.attention_by_batch and len(shared.attention_by_batch) == len(BATCHES)
+    for batch in BATCHES.values():
+        np.testing.assert_allclose(shared.step_time_us(batch).stage_us, alone.step_time_us(batch).stage_us, rtol=1e-6)
+    with pytest.raises(ServesimError, match="cannot share"):
+        StepTimeModel("vllm", llama70, GPU, Parallelism(2, 2), estimator, shares_with=first)
+    with pytest.raises(ServesimError, match="cannot share"):
+        StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), get_estimator("mlp"), shares_with=first)

@@ -24,9 +24,11 @@ from servesim.planner.search import (
     OptionTask,
     Probe,
     search_capacity,
+    step_model,
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
 from servesim.serving.config import EngineConfig, default_engine_config, engine_memory_plan
+from servesim.serving.step_time import StepTimeModel
 from servesim.workloads.request import Workload
 
 #: Version of the JSON document ``servesim plan --json`` prints (docs/planner.md); bumped when a key changes
@@ -168,10 +170,19 @@ def _relative_work(task: OptionTask) -> float:
 
 
 def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
-    """:func:`search_capacity` of each task in turn. Options of one GPU and TP launch the same attention kernels for
-    many of their batches, and a process works out each kernel's features once (servesim/features), so searching
-    them in one process skips most of those of the second and later options."""
-    return [search_capacity(task) for task in tasks]
+    """:func:`search_capacity` of each task in turn. Options of one GPU and TP launch the same kernels in every
+    layer and the same attention kernels for many of their batches: their step-time models share those times
+    (``StepTimeModel(shares_with=...)``), so the second and later options of a process time only what the first
+    did not meet, and the stages outside the layers."""
+    first: dict[tuple, StepTimeModel] = {}
+    results = []
+    for task in tasks:
+        key = (task.gpu, task.par.tp, task.engine.engine, task.engine.kv_cache_dtype, task.model, task.dtype,
+               task.estimator)
+        steps = step_model(task, shares_with=first.get(key))
+        first.setdefault(key, steps)
+        results.append(search_capacity(task, steps))
+    return results
 
 
 def run_plan(request: PlanRequest, executor: Executor, on_done: Callable[[int], None] | None = None,

@@ -266,11 +266,19 @@ def _crossing_load(probes: dict[float, Probe], low: float, high: float, slos: tu
     return load_a * math.exp(-math.log(ratio_a) / slope)
 
 
-def search_capacity(task: OptionTask) -> OptionResult:
-    """Find the option's capacity under the task's SLOs (see the module docstring)."""
-    estimator = get_estimator(task.estimator)
-    steps = StepTimeModel(task.engine.engine, task.model, task.gpu, task.par, estimator, task.dtype,
-                          kv_cache_dtype=task.engine.kv_cache_dtype)
+def step_model(task: OptionTask, shares_with: StepTimeModel | None = None) -> StepTimeModel:
+    """The step-time model of the task's option, sharing the per-layer times of ``shares_with`` (an option of the
+    same GPU and TP under the same plan) when given."""
+    estimator = get_estimator(task.estimator) if shares_with is None else shares_with.estimator
+    return StepTimeModel(task.engine.engine, task.model, task.gpu, task.par, estimator, task.dtype,
+                         kv_cache_dtype=task.engine.kv_cache_dtype, shares_with=shares_with)
+
+
+def search_capacity(task: OptionTask, steps: StepTimeModel | None = None) -> OptionResult:
+    """Find the option's capacity under the task's SLOs (see the module docstring), timing steps with ``steps``
+    (by default the task's own :func:`step_model`)."""
+    steps = steps or step_model(task)
+    estimator = steps.estimator
     mean_prompt = float(task.workload.prompt_tokens.mean())
     mean_output = float(task.workload.output_tokens.mean())
     estimate = estimate_gpu(task.model, task.gpu, task.par, task.engine, estimator, max(1, round(mean_prompt)),

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from servesim.errors import ServesimError
 from servesim.estimator.base import KernelEstimator
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
@@ -73,6 +74,11 @@ class StepTimeModel:
     ``overhead`` replaces the engine version's host-overhead constants (``servesim.serving.overhead``), as the
     calibration does when it tries candidate values. ``kv_cache_dtype`` is the engine's ``--kv-cache-dtype``
     (``auto`` or ``fp8``) and must match the ``EngineConfig`` the memory plan is made with.
+
+    ``shares_with`` is a model of the same engine, model, GPU, TP, dtype, estimator and overhead, typically with
+    another pipeline depth: the two then share their memos of kernel, collective and per-layer attention times,
+    none of which depends on the number of stages (a capacity search of several layouts of one TP times each
+    attention batch once).
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class StepTimeModel:
         dtype: str = "bf16",
         overhead: HostOverhead | None = None,
         kv_cache_dtype: str = "auto",
+        shares_with: StepTimeModel | None = None,
     ) -> None:
         self.engine = engine
         self._engine = get_engine(engine)
@@ -108,8 +115,18 @@ class StepTimeModel:
         #: The same for the representative batches of mixed steps, by what they depend on
         #: (servesim/serving/step_cache.py).
         self.mixed_attention: dict[tuple[int, ...], tuple[float, int]] = {}
+        if shares_with is not None:
+            if shares_with._layer_identity() != self._layer_identity() or shares_with.estimator is not estimator:
+                raise ServesimError(f"a step-time model of {model.name} on {gpu.name} with {par} cannot share times "
+                                    f"with one of another engine, model, GPU, TP, dtype, estimator or overhead")
+            self._kernel_us, self._collective_us = shares_with._kernel_us, shares_with._collective_us
+            self.attention_by_batch, self.mixed_attention = shares_with.attention_by_batch, shares_with.mixed_attention
         #: The decode spans servesim/serving/step_cache.py interpolates decode-only steps in, by what they depend on.
         self.decode_spans: dict[tuple[int, int, int], Any] = {}
+
+    def _layer_identity(self) -> tuple:
+        """What one layer's kernels and their times depend on: everything but the pipeline depth."""
+        return (self.engine, self.model, self.gpu, self.par.tp, self.dtype, self.kv_cache_dtype, self.overhead)
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,

@@ -9,7 +9,7 @@ import pytest
 from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import parse_batch
-from servesim.kernels.expand import expand, padded_vocab, stage_layers
+from servesim.kernels.expand import expand, padded_vocab, sampled_row_ops, stage_layers
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, FusedMoE, Gemm, Kernel, ScaledMM
 from servesim.models import get_model
 
@@ -309,3 +309,23 @@ def test_fp8_kv_cache_halves_the_attention_kv_traffic(engine):
 def test_unknown_kv_cache_dtype_is_one_line_error():
     with pytest.raises(ServesimError, match="unknown KV-cache dtype 'int4'"):
         expand("vllm", LLAMA70, H100, BIG_PREFILL, tp=4, kv_cache_dtype="int4")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("model_name, tp", [("llama3-70b", 4), ("qwen3-30b-a3b", 2)])
+def test_only_the_sampled_row_ops_change_with_the_request_count(engine, model_name, tp):
+    # Step times split a mixed step's ops outside attention into those that follow its tokens and those on its
+    # sampled rows: at equal tokens, a batch of more requests differs outside attention in exactly those.
+    model, gpu = get_model(model_name), get_gpu("H100")
+    one, many = parse_batch("prefill:2000"), parse_batch("prefill:1500, decode:500x800")
+
+    def outside_attention(batch):
+        step = expand(engine, model, gpu, batch, tp, 2, 1)
+        return {op for op, _ in step.op_counts if not isinstance(op, (AttentionDecode, AttentionPrefill))}
+
+    sampled_one = set(sampled_row_ops(engine, model, gpu, one, tp))
+    sampled_many = set(sampled_row_ops(engine, model, gpu, many, tp))
+    assert {op.name for op in sampled_many} >= {"lm_head", "sampler"}
+    assert outside_attention(one) - sampled_one == outside_attention(many) - sampled_many
+    assert sampled_one <= outside_attention(one) and sampled_many <= outside_attention(many)
+    assert not sampled_one & sampled_many

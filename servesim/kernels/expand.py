@@ -351,12 +351,18 @@ def _stage_output(ctx: _Ctx, last: bool, plan: GraphPlan) -> list[Op]:
             Collective(op="send", bytes=full // ctx.tp, group_size=2, dtype=ctx.act, name=f"send {tensor}")
             for tensor in ("hidden_states", "residual")
         ]
+    norm = AddRMSNorm(rows=ctx.tokens, dim=model.hidden_size, dtype=ctx.act, name="norm")
+    return [norm, *_sampled_rows(ctx, plan)]
+
+
+def _sampled_rows(ctx: _Ctx, plan: GraphPlan) -> list[Op]:
+    """The last stage's ops on the sampled rows (one per request): LM head, logits all-gather, sampling."""
+    model = ctx.model
     rows = ctx.batch.num_requests
     if ctx.engine.lm_head_in_graph and plan.mode == "full":
         rows = plan.padded_tokens
     vocab = padded_vocab(model.vocab_size)
     ops: list[Op] = [
-        AddRMSNorm(rows=ctx.tokens, dim=model.hidden_size, dtype=ctx.act, name="norm"),
         Gemm(m=rows, n=vocab // ctx.tp, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act, name="lm_head"),
     ]
     if ctx.tp > 1:
@@ -452,6 +458,25 @@ def layer_attention(
     traits = gpu_traits(gpu, config.name, tp)
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
     return tuple(_attention(_context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)))
+
+
+def sampled_row_ops(
+    engine: str,
+    model: ModelConfig,
+    gpu: GpuSpec,
+    batch: BatchSpec,
+    tp: int = 1,
+    dtype: str = "bf16",
+    kv_cache_dtype: str = "auto",
+) -> tuple[Op, ...]:
+    """The ops of :func:`expand`'s last stage that run on the batch's sampled rows (LM head, logits all-gather,
+    sampling): apart from the graph mode, the only ops outside attention that depend on the number of requests
+    rather than of tokens, which lets a mixed step's time outside attention be split in two
+    (servesim/serving/step_time.py)."""
+    config = get_engine(engine)
+    traits = gpu_traits(gpu, config.name, tp)
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
+    return tuple(_sampled_rows(_context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan), plan))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -22,7 +22,7 @@ from servesim.estimator.base import KernelEstimator
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.engines import GraphPlan, get_engine, gpu_traits
-from servesim.kernels.expand import StepKernels, expand, layer_attention
+from servesim.kernels.expand import Op, StepKernels, expand, layer_attention, sampled_row_ops
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, Kernel
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism, stage_layers
@@ -110,6 +110,7 @@ class StepTimeModel:
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
         #: Each stage's time outside attention, µs, by (tokens, requests, decode only).
         self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
+        self._mixed_body_us = functools.lru_cache(maxsize=65536)(self._mixed_body_times_us)
         #: One layer's attention time, µs, and its number of kernels, by batch (:meth:`layer_attentions_us`).
         self.attention_by_batch: dict[BatchSpec, tuple[float, int]] = {}
         #: The same for the representative batches of mixed steps, by what they depend on
@@ -164,26 +165,46 @@ class StepTimeModel:
         return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp)
 
     def _rest_time_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:
-        # Any batch with these counts launches the same kernels outside attention: one prompt chunk and single-token
-        # decodes stand for all of them.
-        decodes = (1,) * (num_requests if decode_only else num_requests - 1)
-        prefills = () if decode_only else (PrefillChunk(num_tokens - len(decodes)),)
-        proxy = BatchSpec(prefills, decodes)
+        if decode_only:  # any decode batch of this size launches the same kernels outside attention
+            return self._outside_attention_us(BatchSpec(decodes=(1,) * num_requests))
+        # A mixed step's kernels outside attention depend on its token count, but for those on the sampled rows
+        # (one per request), so the two are timed apart: a new request count costs those few ops alone. One prompt
+        # chunk and single-token decodes stand for any batch with these counts.
+        body_us = self._mixed_body_us(num_tokens)
+        proxy = BatchSpec((PrefillChunk(num_tokens - num_requests + 1),), (1,) * (num_requests - 1))
+        sampled = sampled_row_ops(self.engine, self.model, self.gpu, proxy, self.par.tp, self.dtype,
+                                  self.kv_cache_dtype)
+        sampled_us = self._ops_time_us([(op, 1) for op in sampled], self.graph_plan(num_tokens, False).mode)
+        return (*body_us[:-1], body_us[-1] + sampled_us)
+
+    def _mixed_body_times_us(self, num_tokens: int) -> tuple[float, ...]:
+        """Each stage's time outside attention of a mixed step of ``num_tokens`` tokens, less the ops on its
+        sampled rows (:func:`sampled_row_ops`)."""
+        proxy = BatchSpec((PrefillChunk(num_tokens),))
+        return self._outside_attention_us(proxy, frozenset(sampled_row_ops(
+            self.engine, self.model, self.gpu, proxy, self.par.tp, self.dtype, self.kv_cache_dtype)))
+
+    def _outside_attention_us(self, batch: BatchSpec, without: frozenset[Op] = frozenset()) -> tuple[float, ...]:
+        """Each stage's time of ``batch``'s kernels and collectives outside attention, but for the ops ``without``."""
         stage_us: list[float] = []
         for stage, alike in enumerate(self._stage_alike):
             if alike < stage:
                 stage_us.append(stage_us[alike])
                 continue
-            step = self.expand_stage(proxy, stage)
-            others = [(op, n) for op, n in step.op_counts if isinstance(op, Kernel) and not _is_attention(op)]
-            kernel_us = self.kernel_times_us([op for op, _ in others])
-            eager = step.graph_mode == "none"
-            if eager:  # an eager kernel never finishes sooner than the CPU can launch it
-                kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
-            comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in step.op_counts
-                          if isinstance(op, Collective))
-            stage_us.append(float(kernel_us @ np.array([n for _, n in others])) + comm_us)
+            step = self.expand_stage(batch, stage)
+            stage_us.append(self._ops_time_us([(op, n) for op, n in step.op_counts if op not in without],
+                                              step.graph_mode))
         return tuple(stage_us)
+
+    def _ops_time_us(self, op_counts: Sequence[tuple[Op, int]], graph_mode: str) -> float:
+        """The time of ops run the given numbers of times in a step of ``graph_mode``, attention left out."""
+        kernels = [(op, n) for op, n in op_counts if isinstance(op, Kernel) and not _is_attention(op)]
+        kernel_us = self.kernel_times_us([op for op, _ in kernels])
+        eager = graph_mode == "none"
+        if eager:  # an eager kernel never finishes sooner than the CPU can launch it
+            kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
+        comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in op_counts if isinstance(op, Collective))
+        return float(kernel_us @ np.array([n for _, n in kernels])) + comm_us
 
     def layer_attention_us(self, batch: BatchSpec) -> tuple[float, int]:
         """One layer's attention time, µs, and its number of kernels (memoised)."""

@@ -218,3 +218,29 @@ def test_the_default_estimator_times_every_kernel_of_a_step(engine):
         step = expand(engine, get_model(model), get_gpu(gpu), batch)
         times = estimator.predict_us([s.op for s in step.kernels], get_gpu(gpu))
         assert np.all(np.isfinite(times)) and np.all(times > 0)
+
+
+def test_a_kernels_prediction_does_not_depend_on_the_kernels_predicted_with_it():
+    # Step-time models predict whichever kernels a step meets first, in batches that depend on what a process met
+    # before; a plan's output must not depend on how its options were grouped into processes.
+    import random
+
+    from servesim.estimator.mlp import MlpEstimator
+    from servesim.kernels.batch import BatchSpec, PrefillChunk
+    from servesim.kernels.expand import expand
+    from servesim.kernels.types import Kernel
+    from servesim.models import get_model
+
+    gpu, estimator = get_gpu("H100"), MlpEstimator()
+    kernels: list = []
+    for batch in (BatchSpec(decodes=(700,) * 48), BatchSpec((PrefillChunk(3000, 200),), (900,) * 20),
+                  BatchSpec((PrefillChunk(16000),))):
+        step = expand("vllm", get_model("llama3-70b"), gpu, batch, 4)
+        kernels += [op for op, _ in step.op_counts if isinstance(op, Kernel)]
+    kernels += [Gemm(m=m, n=8192, k=8192, name="wide") for m in (1, 37, 4096, 65536)]
+    alone = np.array([estimator.predict_us([kernel], gpu)[0] for kernel in kernels])
+    together = estimator.predict_us(kernels, gpu)
+    np.testing.assert_array_equal(together, alone)
+    order = list(range(len(kernels)))
+    random.Random(0).shuffle(order)
+    np.testing.assert_array_equal(estimator.predict_us([kernels[i] for i in order], gpu), alone[order])

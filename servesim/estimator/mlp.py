@@ -36,6 +36,13 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 #: Logits are clipped here so that far-out inputs give a tiny positive efficiency, never 0 or an overflow.
 _LOGIT_LIMIT = 40.0
+#: The forward pass multiplies blocks of this many rows (a stack of small matrix products). A float32 matrix
+#: product over a whole batch rounds a row differently with the number of rows beside it (a one-row pass and a
+#: many-row one differ in the last bits for most rows), which made a kernel's predicted time depend on the kernels
+#: predicted with it, hence on the order in which a process met them. Fixed blocks, zero-padded, round every row
+#: alike, so a prediction depends on the kernel alone, and a plan's output does not depend on how its options are
+#: grouped into processes.
+FORWARD_BLOCK_ROWS = 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,10 +81,15 @@ def forward_efficiency(weights: MlpWeights, features: np.ndarray) -> np.ndarray:
     (``weights.fixed_inputs``)."""
     x = (transform_inputs(features) - weights.input_mean) / weights.input_scale
     x = np.where(np.isnan(weights.fixed_inputs), x, weights.fixed_inputs).astype(np.float32)
+    # Blocks of FORWARD_BLOCK_ROWS rows, the last padded with zeros: see FORWARD_BLOCK_ROWS.
+    rows = len(x)
+    blocks = -(-rows // FORWARD_BLOCK_ROWS)
+    x = np.concatenate([x, np.zeros((blocks * FORWARD_BLOCK_ROWS - rows, x.shape[1]), dtype=np.float32)])
+    x = x.reshape(blocks, FORWARD_BLOCK_ROWS, -1)
     *hidden, (w_out, b_out) = weights.layers
     for w, b in hidden:
         x = np.maximum(x @ w + b, 0.0)
-    z = np.clip((x @ w_out + b_out)[:, 0].astype(np.float64), -_LOGIT_LIMIT, _LOGIT_LIMIT)
+    z = np.clip((x @ w_out + b_out).reshape(-1)[:rows].astype(np.float64), -_LOGIT_LIMIT, _LOGIT_LIMIT)
     return weights.efficiency_max / (1.0 + np.exp(-z))
 
 

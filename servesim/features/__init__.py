@@ -101,7 +101,7 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
     busiest = int(np.argmax(busy)) if tasks.size else 0
     on_busiest = partition.sm_of_task == busiest
     # Summed in task order, as a per-SM bincount would.
-    sm = dict(zip(PIPES, _sums_in_order(tasks.demand_by_pipe[:, on_busiest])))
+    sm = dict(zip(PIPES, _sums_in_order(tasks.demand_by_pipe[:, on_busiest]).tolist()))
     total = dict(zip(PIPES, tasks.demand_by_pipe.sum(axis=1).tolist()))
     feats = _demand_features(sm, total, rates, gpu.sm_count)
     counts = partition.tasks_per_sm()
@@ -115,9 +115,9 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[
     return feats
 
 
-def _sums_in_order(rows: np.ndarray) -> list[float]:
+def _sums_in_order(rows: np.ndarray) -> np.ndarray:
     """Each row's sum, element after element."""
-    return np.add.accumulate(rows, axis=1)[:, -1].tolist() if rows.shape[1] else [0.0] * len(rows)
+    return np.add.accumulate(rows, axis=1)[:, -1] if rows.shape[1] else np.zeros(len(rows))
 
 
 def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
@@ -167,7 +167,9 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     _, _, _, rows, cols, depth, last = tile_coords(np.where(valid, j, 0), m[:, None], n[:, None], k[:, None], by_row)
     demand = tile_demand(by_row, rows, cols, depth, last, first.bias)
     sm = {p: np.zeros(len(m)) for p in PIPES}
-    sm.update({p: np.where(valid, v, 0.0).sum(axis=1) for p, v in demand.items()})
+    # Summed in wave order: a pairwise sum would round a kernel's waves differently with the batch's longest kernel
+    # (the zero-padded columns), and a kernel's features would depend on the kernels computed with it.
+    sm.update({p: _sums_in_order(np.where(valid, v, 0.0)) for p, v in demand.items()})
     sm["dram"] = sm["l2"] * share
     feats = _demand_features(sm, totals, rates, sm_count)
     issued = full_tile_demand(t, np.ones_like(m))

@@ -172,8 +172,8 @@ def _relative_work(task: OptionTask) -> float:
 def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
     """:func:`search_capacity` of each task in turn. Options of one GPU and TP launch the same kernels in every
     layer and the same attention kernels for many of their batches: their step-time models share those times
-    (``StepTimeModel(shares_with=...)``), so the second and later options of a process time only what the first
-    did not meet, and the stages outside the layers."""
+    (``StepTimeModel(shares_with=...)``), so the second and later options of a process time only the batches the
+    first did not meet, besides their own pipeline stages' times."""
     first: dict[tuple, StepTimeModel] = {}
     results = []
     for task in tasks:

@@ -9,6 +9,7 @@ work depends on where its tile sits. GQA packing (FA3 varlen, FlashInfer, FA2's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -54,6 +55,7 @@ class AttentionTile:
     persistent: bool
 
 
+@lru_cache(maxsize=1024)
 def _fa2_tile(head_dim: int, elem_bytes: float, max_smem_bytes: float) -> AttentionTile:
     """flash_fwd_launch_template.h (FA2 v2.6, sm80): 128x128 (d <= 64), 128x64 with 4 warps (d <= 128), 128x64
     with 8 warps above; Q, K and V tiles in shared memory. Where that tile's shared memory exceeds the GPU's
@@ -66,6 +68,7 @@ def _fa2_tile(head_dim: int, elem_bytes: float, max_smem_bytes: float) -> Attent
     return AttentionTile(block_m, block_n, warps * 32, 255, smem, warps, False)
 
 
+@lru_cache(maxsize=1024)
 def _fa3_tile(head_dim: int, causal: bool, paged_non_tma: bool, elem_bytes: float) -> AttentionTile:
     """hopper/tile_size.h tile_size_fwd_sm90 (FA3 v3.0.0b1): 192x128 (d <= 64), 192x144 (d <= 96), 128x128 when
     causal or paged without TMA else 128x176 (d <= 128), 128x112 (d <= 192), 128x80 (d <= 256); one producer plus
@@ -87,6 +90,7 @@ def _fa3_tile(head_dim: int, causal: bool, paged_non_tma: bool, elem_bytes: floa
     return AttentionTile(block_m, block_n, threads, 65536 // threads // 8 * 8, smem, consumers, True)
 
 
+@lru_cache(maxsize=1024)
 def _flashinfer_fa2_tile(avg_packed_q: float, head_dim: int, elem_bytes: float) -> AttentionTile:
     """FlashInfer prefill.cuh / scheduler.cuh FA2DetermineCtaTileQ: CTA query tile 128 when the average packed
     query length exceeds 64 (head_dim < 256), 64 above 16, else 16; 4 warps (split over Q for 64/128-row tiles,
@@ -154,9 +158,9 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     return Launch(name, config, tasks, MIN_HEAP if tile.persistent else ROUND_ROBIN, grid, kernel.dtype, notes)
 
 
-def _head_dims(request, tile_idx, split, rows, keys) -> np.ndarray:
-    """One head's task dimensions, in launch order (head 0)."""
-    return np.column_stack([request, np.zeros_like(request), tile_idx, split, rows, keys])
+def _head_dims(request, tile_idx, split, rows, keys) -> tuple[np.ndarray, ...]:
+    """One head's task dimensions (head 0), a column per dimension of the launch's tasks."""
+    return request, np.zeros_like(request), tile_idx, split, rows, keys
 
 
 def _check(kernel) -> str:

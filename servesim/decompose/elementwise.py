@@ -73,6 +73,6 @@ def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
         "l2": np.full(ctas, bytes_per_cta),
         "smem": np.full(ctas, smem_per_cta),
     }
-    tasks = task_set(("cta",), np.arange(ctas)[:, None], demand, rates)
+    tasks = task_set(("cta",), (np.arange(ctas),), demand, rates)
     config = LaunchConfig(max(threads, 1), _REGISTERS, int(smem_per_cta))
     return (Launch(f"{kernel.category} ({source})", config, tasks, ROUND_ROBIN, ctas, "", (f"grid {ctas} x {threads} threads",)),)

@@ -327,7 +327,7 @@ def _launch(kernel: Gemm | ScaledMM, gpu: GpuSpec, t: GemmTiling, name: str) -> 
     useful["dram"] = useful["l2"] * dram_per_l2
     issued["dram"] = issued["l2"] * dram_per_l2
     tasks = task_set(("split", "tile_m", "tile_n", "rows", "cols", "k"),
-                     np.column_stack([p, tm, tn, rows, cols, depth]), useful, rates, issued)
+                     (p, tm, tn, rows, cols, depth), useful, rates, issued)
     config = LaunchConfig(int(np.asarray(t.threads).reshape(-1)[0]), t.registers, int(t.smem_bytes[0]))
     grid = count
     persistent = bool(np.asarray(t.persistent).reshape(-1)[0])

@@ -8,7 +8,10 @@ blocks issue full MMA tiles), so that the schedule sees what the hardware sees.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -57,6 +60,7 @@ class Occupancy:
     by_resource: tuple[tuple[str, int], ...]
 
 
+@lru_cache(maxsize=4096)
 def occupancy(launch: LaunchConfig, gpu: GpuSpec) -> Occupancy:
     """CTAs per SM by the CUDA occupancy rules: the minimum over warps, threads, registers, shared memory and CTA
     slots of what fits. Registers are allocated per warp in 256-register units within each of the 4 SM
@@ -97,7 +101,7 @@ class TaskSet:
     """
 
     dim_names: tuple[str, ...]
-    block_dims: np.ndarray  # (n_tasks // repeats, len(dim_names)) int64
+    dim_columns: tuple[np.ndarray, ...]  # one block's dimensions, a column per name
     demand_by_pipe: np.ndarray  # (len(PIPES), n_tasks) float64
     duration_cycles: np.ndarray  # (n_tasks,) float64
     repeats: int = 1
@@ -106,6 +110,11 @@ class TaskSet:
     @property
     def size(self) -> int:
         return len(self.duration_cycles)
+
+    @cached_property
+    def block_dims(self) -> np.ndarray:
+        """``(n_tasks // repeats, len(dim_names))`` int64: one block's dimensions (built when a display asks)."""
+        return np.asarray(np.column_stack(self.dim_columns), dtype=np.int64).reshape(-1, len(self.dim_names))
 
     @property
     def dims(self) -> np.ndarray:
@@ -145,9 +154,10 @@ class Launch:
     notes: tuple[str, ...] = field(default=())
 
 
-def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
+@lru_cache(maxsize=256)
+def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> MappingProxyType[str, float]:
     """Each pipe's throughput per SM per cycle: ops for Tensor/FMA/XU, bytes for DRAM/L2 (the GPU's bandwidth
-    shared evenly by its SMs) and shared memory."""
+    shared evenly by its SMs) and shared memory (memoised, read-only: every new kernel asks)."""
     tensor = gpu.tensor_flops_per_sm_per_cycle.get(tensor_dtype, 0.0)
     if tensor_dtype and tensor <= 0:
         raise ServesimError(
@@ -155,27 +165,28 @@ def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> dict[str, fl
             f"choose a dtype it supports ({', '.join(sorted(gpu.tensor_flops_per_sm_per_cycle))})"
         )
     clock_hz = gpu.clock_hz()
-    return {
+    return MappingProxyType({
         "tensor": tensor or 1.0,
         "fma": gpu.fma_flops_per_sm_per_cycle,
         "xu": gpu.xu_ops_per_sm_per_cycle,
         "dram": gpu.dram_bandwidth_gbps * 1e9 / clock_hz / gpu.sm_count,
         "l2": gpu.l2_bandwidth_gbps * 1e9 / clock_hz / gpu.sm_count,
         "smem": SMEM_BYTES_PER_SM_PER_CYCLE,
-    }
+    })
 
 
 def task_set(
     dim_names: tuple[str, ...],
-    dims: np.ndarray,
+    dims: Sequence[np.ndarray],
     demand: dict[str, np.ndarray] | np.ndarray,
-    rates: dict[str, float],
+    rates: Mapping[str, float],
     issued: dict[str, np.ndarray] | np.ndarray | None = None,
     repeats: int = 1,
     repeat_dim: str = "",
     cold_dram_bytes: float | None = None,
 ) -> TaskSet:
-    """Build a :class:`TaskSet`. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
+    """Build a :class:`TaskSet` from each task's dimensions (``dims``, a column per name of ``dim_names``) and
+    demand. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
     when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one.
     Demand is by pipe name, or a float64 array with a row per pipe of :data:`PIPES` (taken over, not copied).
 
@@ -183,7 +194,7 @@ def task_set(
     (attention runs the same tiles for every head), numbered in the dimension ``repeat_dim``: durations are then
     worked out once per block. With ``cold_dram_bytes``, each task's DRAM demand is that traffic spread over the
     tasks of every repeat in proportion to their L2 demand (:func:`dram_fraction`)."""
-    block = len(dims)
+    block = len(dims[0])
     useful = _by_pipe(demand, block)
     timed = useful if issued is None else _by_pipe(issued, block)
     every = _repeated(useful, repeats)
@@ -193,8 +204,7 @@ def task_set(
             rows[PIPE_ROW["dram"]] = rows[PIPE_ROW["l2"]] * share
     rates_by_pipe = np.array([rates[p] for p in PIPES])[:, None]
     duration = _repeated((timed / rates_by_pipe).max(axis=0) if block else np.zeros(0), repeats)
-    return TaskSet(dim_names, np.asarray(dims, dtype=np.int64).reshape(block, len(dim_names)), every, duration,
-                   repeats, repeat_dim)
+    return TaskSet(dim_names, tuple(dims), every, duration, repeats, repeat_dim)
 
 
 def _repeated(values: np.ndarray, repeats: int) -> np.ndarray:

@@ -67,7 +67,7 @@ def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str,
     useful = demand(rows, cols)
     issued = demand(np.where(active, cfg["m"], 0), np.where(active, cfg["n"], 0))
     unique = kernel.active_experts() * n * k * b + kernel.routed_pairs() * (k + n) * 2
-    tasks = task_set(("pid_m", "pid_n", "rows", "cols", "k"), np.column_stack([pid_m, pid_n, rows, cols, np.full_like(pid, k)]),
+    tasks = task_set(("pid_m", "pid_n", "rows", "cols", "k"), (pid_m, pid_n, rows, cols, np.full_like(pid, k)),
                      useful, pipe_rates_per_sm_per_cycle(gpu, kernel.dtype), issued, cold_dram_bytes=unique)
     smem = _TRITON_STAGES * (cfg["m"] + cfg["n"]) * cfg["k"] * int(b)
     config = LaunchConfig(_TRITON_WARPS * 32, 128, smem)

@@ -10,9 +10,11 @@ against which the estimator learns efficiency = theoretical / measured.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache, reduce
+from operator import itemgetter
+from types import MappingProxyType
 
 import numpy as np
 
@@ -62,8 +64,10 @@ class FeatureMatrix:
         return {n: self.values[:, i] for i, n in enumerate(self.names)}
 
 
-def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
-    return {
+@lru_cache(maxsize=256)
+def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> MappingProxyType[str, float]:
+    """The GPU's specification features (memoised, read-only)."""
+    return MappingProxyType({
         "spec_sm_count": gpu.sm_count,
         "spec_clock_mhz": gpu.sustained_clock_mhz,
         "spec_tensor_per_sm_cycle": gpu.tensor_flops_per_sm_per_cycle.get(tensor_dtype, 0.0),
@@ -73,11 +77,11 @@ def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
         "spec_l2_gbps": gpu.l2_bandwidth_gbps,
         "spec_l2_mib": gpu.l2_cache_mib,
         "spec_smem_per_sm_kib": gpu.smem_per_sm_kib,
-    }
+    })
 
 
 def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndarray | float],
-                     rates: dict[str, float], sm_count: int) -> dict[str, np.ndarray | float]:
+                     rates: Mapping[str, float], sm_count: int) -> dict[str, np.ndarray | float]:
     """Each pipe's busiest-SM and GPU demand and cycles, for a batch of kernels (arrays) or one launch (floats)."""
     out = {}
     for p in PIPES:
@@ -90,7 +94,10 @@ def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndar
 
 
 def _roofline_us(features: dict[str, np.ndarray | float], gpu: GpuSpec) -> np.ndarray | float:
-    return reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
+    cycles = [features[f"sm_{p}_cycles"] for p in PIPES]
+    # One launch's features are floats, where max() picks the same value as np.maximum without its per-call cost.
+    slowest = max(cycles) if isinstance(cycles[0], float) else reduce(np.maximum, cycles)
+    return slowest / gpu.sustained_clock_mhz
 
 
 def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[str, float]:
@@ -122,7 +129,11 @@ def _sums_in_order(rows: np.ndarray) -> np.ndarray:
 
 def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
     """A kernel's features from its launches': additive features summed, occupancy the lowest, spec appended."""
-    feats = {name: float(sum([f[name] for f in per_launch])) for name in _ADDITIVE}
+    if len(per_launch) == 1:  # most kernels are one launch
+        only = per_launch[0]
+        feats = {name: float(only[name]) for name in _ADDITIVE}
+    else:
+        feats = {name: float(sum([f[name] for f in per_launch])) for name in _ADDITIVE}
     feats["ctas_per_sm"] = float(min(f["ctas_per_sm"] for f in per_launch))
     feats["imbalance"] = feats["sm_busy_cycles_max"] / feats["sm_busy_cycles_mean"] if feats["sm_busy_cycles_mean"] else 1.0
     feats.update(spec_vector(gpu, tensor_dtype))
@@ -136,10 +147,11 @@ def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> tuple[float, ...]:
     launches = decompose.__wrapped__(kernel, gpu)
     per_launch = [launch_features(launch, schedule(launch, gpu), gpu) for launch in launches]
     feats = combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "")
-    return tuple(feats[n] for n in FEATURE_NAMES)
+    return _in_feature_order(feats)
 
 
 _TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe")
+_in_feature_order = itemgetter(*FEATURE_NAMES)
 
 
 def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> np.ndarray:

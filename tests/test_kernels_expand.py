@@ -9,7 +9,7 @@ import pytest
 from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import parse_batch
-from servesim.kernels.expand import expand, padded_vocab, sampled_row_ops, stage_layers
+from servesim.kernels.expand import expand, padded_vocab, stage_layers, step_part
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, FusedMoE, Gemm, Kernel, ScaledMM
 from servesim.models import get_model
 
@@ -323,9 +323,11 @@ def test_only_the_sampled_row_ops_change_with_the_request_count(engine, model_na
         step = expand(engine, model, gpu, batch, tp, 2, 1)
         return {op for op, _ in step.op_counts if not isinstance(op, (AttentionDecode, AttentionPrefill))}
 
-    sampled_one = set(sampled_row_ops(engine, model, gpu, one, tp))
-    sampled_many = set(sampled_row_ops(engine, model, gpu, many, tp))
+    sampled_one = set(step_part("sampled_rows", engine, model, gpu, one, tp))
+    sampled_many = set(step_part("sampled_rows", engine, model, gpu, many, tp))
     assert {op.name for op in sampled_many} >= {"lm_head", "sampler"}
     assert outside_attention(one) - sampled_one == outside_attention(many) - sampled_many
     assert sampled_one <= outside_attention(one) and sampled_many <= outside_attention(many)
     assert not sampled_one & sampled_many
+    with pytest.raises(ServesimError, match="unknown step part"):
+        step_part("rest", engine, model, gpu, one, tp)

@@ -442,25 +442,12 @@ def _context(
     )
 
 
-def layer_attention(
-    engine: str,
-    model: ModelConfig,
-    gpu: GpuSpec,
-    batch: BatchSpec,
-    tp: int = 1,
-    dtype: str = "bf16",
-    kv_cache_dtype: str = "auto",
-) -> tuple[Kernel, ...]:
-    """The attention kernels every layer of :func:`expand`'s step launches for ``batch``, without expanding the
-    rest of the step: they are the only kernels that depend on more of the batch than its token and request
-    counts, which lets step times be split into the two (servesim/serving/step_time.py)."""
-    config = get_engine(engine)
-    traits = gpu_traits(gpu, config.name, tp)
-    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
-    return tuple(_attention(_context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)))
+#: The parts of a step :func:`step_part` expands on their own.
+STEP_PARTS = ("attention", "sampled_rows")
 
 
-def sampled_row_ops(
+def step_part(
+    part: str,
     engine: str,
     model: ModelConfig,
     gpu: GpuSpec,
@@ -469,14 +456,20 @@ def sampled_row_ops(
     dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
 ) -> tuple[Op, ...]:
-    """The ops of :func:`expand`'s last stage that run on the batch's sampled rows (LM head, logits all-gather,
-    sampling): apart from the graph mode, the only ops outside attention that depend on the number of requests
-    rather than of tokens, which lets a mixed step's time outside attention be split in two
-    (servesim/serving/step_time.py)."""
+    """One part of :func:`expand`'s step for ``batch``, without expanding the rest, which lets step times be split
+    (servesim/serving/step_time.py):
+
+    - ``attention``: the attention kernels every layer launches, the only kernels that depend on more of the batch
+      than its token and request counts;
+    - ``sampled_rows``: the last stage's ops on the sampled rows (LM head, logits all-gather, sampling), the only
+      other ops whose shape follows the number of requests rather than of tokens (besides the graph mode)."""
+    if part not in STEP_PARTS:
+        raise ServesimError(f"unknown step part {part!r}; choose one of {', '.join(STEP_PARTS)}")
     config = get_engine(engine)
     traits = gpu_traits(gpu, config.name, tp)
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
-    return tuple(_sampled_rows(_context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan), plan))
+    ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
+    return tuple(_attention(ctx) if part == "attention" else _sampled_rows(ctx, plan))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -22,7 +22,7 @@ from servesim.estimator.base import KernelEstimator
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.engines import GraphPlan, get_engine, gpu_traits
-from servesim.kernels.expand import Op, StepKernels, expand, layer_attention, sampled_row_ops
+from servesim.kernels.expand import Op, StepKernels, expand, step_part
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, Kernel
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism, stage_layers
@@ -129,6 +129,9 @@ class StepTimeModel:
         """What one layer's kernels and their times depend on: everything but the pipeline depth."""
         return (self.engine, self.model, self.gpu, self.par.tp, self.dtype, self.kv_cache_dtype, self.overhead)
 
+    def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
+        return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype)
+
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,
                       self.kv_cache_dtype)
@@ -172,17 +175,15 @@ class StepTimeModel:
         # chunk and single-token decodes stand for any batch with these counts.
         body_us = self._mixed_body_us(num_tokens)
         proxy = BatchSpec((PrefillChunk(num_tokens - num_requests + 1),), (1,) * (num_requests - 1))
-        sampled = sampled_row_ops(self.engine, self.model, self.gpu, proxy, self.par.tp, self.dtype,
-                                  self.kv_cache_dtype)
+        sampled = self._step_part("sampled_rows", proxy)
         sampled_us = self._ops_time_us([(op, 1) for op in sampled], self.graph_plan(num_tokens, False).mode)
         return (*body_us[:-1], body_us[-1] + sampled_us)
 
     def _mixed_body_times_us(self, num_tokens: int) -> tuple[float, ...]:
         """Each stage's time outside attention of a mixed step of ``num_tokens`` tokens, less the ops on its
-        sampled rows (:func:`sampled_row_ops`)."""
+        sampled rows (:func:`servesim.kernels.expand.step_part`)."""
         proxy = BatchSpec((PrefillChunk(num_tokens),))
-        return self._outside_attention_us(proxy, frozenset(sampled_row_ops(
-            self.engine, self.model, self.gpu, proxy, self.par.tp, self.dtype, self.kv_cache_dtype)))
+        return self._outside_attention_us(proxy, frozenset(self._step_part("sampled_rows", proxy)))
 
     def _outside_attention_us(self, batch: BatchSpec, without: frozenset[Op] = frozenset()) -> tuple[float, ...]:
         """Each stage's time of ``batch``'s kernels and collectives outside attention, but for the ops ``without``."""
@@ -218,8 +219,7 @@ class StepTimeModel:
         known = self.attention_by_batch
         new = [batch for batch in dict.fromkeys(batches) if batch not in known]
         if new:
-            kernels = [layer_attention(self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype,
-                                       self.kv_cache_dtype) for batch in new]
+            kernels = [self._step_part("attention", batch) for batch in new]
             times_us = self.kernel_times_us([kernel for batch_kernels in kernels for kernel in batch_kernels])
             start = 0
             for batch, batch_kernels in zip(new, kernels):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import numpy as np
@@ -223,9 +224,6 @@ def test_the_default_estimator_times_every_kernel_of_a_step(engine):
 def test_a_kernels_prediction_does_not_depend_on_the_kernels_predicted_with_it():
     # Step-time models predict whichever kernels a step meets first, in batches that depend on what a process met
     # before; a plan's output must not depend on how its options were grouped into processes.
-    import random
-
-    from servesim.estimator.mlp import MlpEstimator
     from servesim.kernels.batch import BatchSpec, PrefillChunk
     from servesim.kernels.expand import expand
     from servesim.kernels.types import Kernel

@@ -94,10 +94,7 @@ def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndar
 
 
 def _roofline_us(features: dict[str, np.ndarray | float], gpu: GpuSpec) -> np.ndarray | float:
-    cycles = [features[f"sm_{p}_cycles"] for p in PIPES]
-    # One launch's features are floats, where max() picks the same value as np.maximum without its per-call cost.
-    slowest = max(cycles) if isinstance(cycles[0], float) else reduce(np.maximum, cycles)
-    return slowest / gpu.sustained_clock_mhz
+    return reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
 
 
 def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[str, float]:
@@ -129,11 +126,7 @@ def _sums_in_order(rows: np.ndarray) -> np.ndarray:
 
 def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
     """A kernel's features from its launches': additive features summed, occupancy the lowest, spec appended."""
-    if len(per_launch) == 1:  # most kernels are one launch
-        only = per_launch[0]
-        feats = {name: float(only[name]) for name in _ADDITIVE}
-    else:
-        feats = {name: float(sum([f[name] for f in per_launch])) for name in _ADDITIVE}
+    feats = {name: float(sum([f[name] for f in per_launch])) for name in _ADDITIVE}
     feats["ctas_per_sm"] = float(min(f["ctas_per_sm"] for f in per_launch))
     feats["imbalance"] = feats["sm_busy_cycles_max"] / feats["sm_busy_cycles_mean"] if feats["sm_busy_cycles_mean"] else 1.0
     feats.update(spec_vector(gpu, tensor_dtype))

@@ -133,25 +133,23 @@ class VllmScheduler:
         news: list[int] = []
         preempted = False
         i = 0
-        running, block_size = self.running, self.block_size
-        # _blocks_to_add and _take written out: this loop runs for every running request of every step.
+        running = self.running
         while i < len(running) and budget > 0:
             req = running[i]
             i += 1
             if req.in_flight:
                 continue
             new = req.prompt + req.generated - req.computed
-            if new > budget:
+            if new > budget:  # a conditional, not min(): this runs for every running request of every step
                 new = budget
-            need = -(-(req.computed + new) // block_size) - req.kv_held
+            need = self._blocks_to_add(req, new)
             while need > self.free:
                 victim = self._preempt_newest(i - 1)
                 preempted = True
                 if victim is None or victim is req:
                     break
             else:
-                self.free -= need
-                req.kv_held += need
+                self._take(req, need)
                 reqs.append(req)
                 news.append(new)
                 budget -= new

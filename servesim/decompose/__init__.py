@@ -18,6 +18,7 @@ from servesim.decompose.launch import (
     Occupancy,
     TaskSet,
     occupancy,
+    pipe_rate_vector,
     pipe_rates_per_sm_per_cycle,
 )
 from servesim.decompose.moe import decompose_moe
@@ -48,5 +49,5 @@ def decompose(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
 
 __all__ = [
     "MIN_HEAP", "PIPES", "POLICIES", "ROUND_ROBIN", "STATIC_PERSISTENT", "Launch", "LaunchConfig", "Occupancy",
-    "TaskSet", "decode_splits", "decompose", "occupancy", "pipe_rates_per_sm_per_cycle",
+    "TaskSet", "decode_splits", "decompose", "occupancy", "pipe_rate_vector", "pipe_rates_per_sm_per_cycle",
 ]

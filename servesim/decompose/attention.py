@@ -125,30 +125,41 @@ def _tile_work(q: np.ndarray, kv: np.ndarray, row_a: np.ndarray, row_b: np.ndarr
     return pairs, max_keys, blocks
 
 
-def _attention_demand(head_dim: int, q_bytes: float, kv_bytes: float, rows, pairs, keys, blocks, tile, issued_rows):
-    """Per-task demand, a row per pipe of :data:`PIPES` (DRAM left at 0 for :func:`task_set` to spread): Tensor
-    (QK^T and PV, 4·d per scored pair), XU (one exp per pair plus one rescale per row and key block), FMA (scale,
-    max, subtract and sum per pair; output rescale per row, dim and key block), L2 (Q in, O out, the walked K and
-    V), shared memory (K/V written once, read by each reader warp(group); Q staged)."""
-    kv_tile_bytes = 2 * keys * head_dim * kv_bytes
-    demand = np.zeros((len(PIPES), len(rows)))
-    demand[PIPE_ROW["tensor"]] = 4.0 * head_dim * pairs
-    demand[PIPE_ROW["xu"]] = pairs + issued_rows * blocks
-    demand[PIPE_ROW["fma"]] = 3.0 * pairs + rows * head_dim * blocks
-    demand[PIPE_ROW["l2"]] = 2 * rows * head_dim * q_bytes + kv_tile_bytes
-    demand[PIPE_ROW["smem"]] = kv_tile_bytes * (1 + tile.kv_readers) + 2 * issued_rows * head_dim * q_bytes
-    return demand
+@lru_cache(maxsize=256)
+def _demand_per_unit(head_dim: int, q_bytes: float, kv_bytes: float, kv_readers: int) -> np.ndarray:
+    """Each pipe's demand (a row per pipe of :data:`PIPES`) per unit of a task's work, in the columns of
+    :func:`_attention_demand`'s basis: Tensor (QK^T and PV, 4·d per scored pair), XU (one exp per pair plus one
+    rescale per row and key block), FMA (scale, max, subtract and sum per pair; output rescale per row, dim and key
+    block), L2 (Q in, O out, the walked K and V), shared memory (K/V written once, read by each reader warp(group);
+    Q staged); DRAM left at 0 for :func:`task_set` to spread. Read-only (memoised)."""
+    per_unit = np.zeros((len(PIPES), 4))
+    per_unit[PIPE_ROW["tensor"]] = (4.0 * head_dim, 0, 0, 0)
+    per_unit[PIPE_ROW["xu"]] = (1, 1, 0, 0)
+    per_unit[PIPE_ROW["fma"]] = (3, head_dim, 0, 0)
+    per_unit[PIPE_ROW["l2"]] = (0, 0, 2 * head_dim * q_bytes, 2 * head_dim * kv_bytes)
+    per_unit[PIPE_ROW["smem"]] = (0, 0, 2 * head_dim * q_bytes, 2 * head_dim * kv_bytes * (1 + kv_readers))
+    per_unit.flags.writeable = False
+    return per_unit
+
+
+def _attention_demand(per_unit: np.ndarray, rows: np.ndarray, pairs: np.ndarray, keys: np.ndarray,
+                      blocks: np.ndarray) -> np.ndarray:
+    """Per-task demand, a row per pipe of :data:`PIPES`: :func:`_demand_per_unit` times each task's scored pairs,
+    rows x key blocks, rows and walked keys. Every product and sum is of whole numbers (or halves) far below 2^53,
+    so one matrix product gives exactly what pipe-by-pipe arithmetic would."""
+    return per_unit @ np.array((pairs, rows * blocks, rows, keys), dtype=np.float64)
 
 
 def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: np.ndarray, rows, pairs,
                  keys, blocks, notes: tuple[str, ...]) -> Launch:
     """The launch of ``heads`` repeats of one head's tasks (``dims`` and the work arrays)."""
     rates = pipe_rates_per_sm_per_cycle(gpu, kernel.dtype)
-    q_b, kv_b, d = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype), kernel.head_dim
-    useful = _attention_demand(d, q_b, kv_b, rows, pairs, keys, blocks, tile, rows)
+    per_unit = _demand_per_unit(kernel.head_dim, dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype),
+                                tile.kv_readers)
+    useful = _attention_demand(per_unit, rows, pairs, keys, blocks)
     full_rows = np.where(rows > 0, tile.block_m, 0)
-    issued = _attention_demand(d, q_b, kv_b, full_rows, full_rows * blocks * tile.block_n, blocks * tile.block_n,
-                               blocks, tile, full_rows)
+    walked = blocks * tile.block_n
+    issued = _attention_demand(per_unit, full_rows, full_rows * walked, walked, blocks)
     tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head",
                      cold_dram_bytes=cold_bytes(kernel))
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)

@@ -175,6 +175,15 @@ def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> MappingProxy
     })
 
 
+@lru_cache(maxsize=256)
+def pipe_rate_vector(gpu: GpuSpec, tensor_dtype: str) -> np.ndarray:
+    """:func:`pipe_rates_per_sm_per_cycle` as a read-only vector in :data:`PIPES` order."""
+    rates = pipe_rates_per_sm_per_cycle(gpu, tensor_dtype)
+    vector = np.array([rates[p] for p in PIPES])
+    vector.flags.writeable = False
+    return vector
+
+
 def task_set(
     dim_names: tuple[str, ...],
     dims: Sequence[np.ndarray],

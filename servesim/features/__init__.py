@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache, reduce
-from operator import itemgetter
 from types import MappingProxyType
 
 import numpy as np
 
-from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rates_per_sm_per_cycle
+from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rate_vector, pipe_rates_per_sm_per_cycle
 from servesim.decompose.gemm import (
     GemmTiling,
     full_tile_demand,
@@ -97,25 +96,34 @@ def _roofline_us(features: dict[str, np.ndarray | float], gpu: GpuSpec) -> np.nd
     return reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
 
 
-def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> dict[str, float]:
-    """Features of one scheduled launch."""
+#: Each feature's column in FEATURE_NAMES order.
+_COLUMN = {name: i for i, name in enumerate(FEATURE_NAMES)}
+_ADDITIVE_COLUMNS = np.array([_COLUMN[name] for name in _ADDITIVE])
+_SPEC_COLUMNS = slice(_COLUMN[SPEC_FEATURES[0]], _COLUMN[SPEC_FEATURES[-1]] + 1)
+#: The busiest SM's cycles of each pipe, among the demand features.
+_SM_CYCLE_COLUMNS = np.array([_COLUMN[f"sm_{p}_cycles"] for p in PIPES])
+
+
+def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> np.ndarray:
+    """Features of one scheduled launch, a vector in :data:`FEATURE_NAMES` order: the spec features and the
+    imbalance, which :func:`combine` gives the whole kernel, are left at 0."""
     tasks = launch.tasks
-    rates = pipe_rates_per_sm_per_cycle(gpu, launch.tensor_dtype)
+    rates = pipe_rate_vector(gpu, launch.tensor_dtype)
     busy = partition.per_sm(tasks.duration_cycles)
     busiest = int(np.argmax(busy)) if tasks.size else 0
-    on_busiest = partition.sm_of_task == busiest
     # Summed in task order, as a per-SM bincount would.
-    sm = dict(zip(PIPES, _sums_in_order(tasks.demand_by_pipe[:, on_busiest]).tolist()))
-    total = dict(zip(PIPES, tasks.demand_by_pipe.sum(axis=1).tolist()))
-    feats = _demand_features(sm, total, rates, gpu.sm_count)
+    sm = _sums_in_order(tasks.demand_by_pipe[:, partition.sm_of_task == busiest])
+    total = tasks.demand_by_pipe.sum(axis=1)
+    feats = np.zeros(len(FEATURE_NAMES))
+    # A column per DEMAND_FEATURES name: each pipe's busiest-SM and GPU demand and cycles (see _demand_features).
+    feats[:len(DEMAND_FEATURES)] = np.column_stack((sm, sm / rates, total, total / (rates * gpu.sm_count))).ravel()
     counts = partition.tasks_per_sm()
-    feats.update(
-        num_tasks=tasks.size, num_ctas=launch.grid_ctas, ctas_per_sm=partition.ctas_per_sm,
-        waves=float(np.ceil(launch.grid_ctas / (gpu.sm_count * partition.ctas_per_sm))),
-        sm_tasks_max=float(counts.max()), sm_tasks_mean=float(counts.sum() / gpu.sm_count),
-        sm_busy_cycles_max=float(busy.max()), sm_busy_cycles_mean=float(busy.sum() / gpu.sm_count),
+    feats[_COLUMN["num_tasks"]:_COLUMN["imbalance"]] = (
+        tasks.size, launch.grid_ctas, partition.ctas_per_sm,
+        np.ceil(launch.grid_ctas / (gpu.sm_count * partition.ctas_per_sm)),
+        counts.max(), counts.sum() / gpu.sm_count, busy.max(), busy.sum() / gpu.sm_count,
     )
-    feats["theoretical_time_us"] = float(_roofline_us(feats, gpu))
+    feats[_COLUMN["theoretical_time_us"]] = feats[_SM_CYCLE_COLUMNS].max() / gpu.sustained_clock_mhz
     return feats
 
 
@@ -124,12 +132,16 @@ def _sums_in_order(rows: np.ndarray) -> np.ndarray:
     return np.add.accumulate(rows, axis=1)[:, -1] if rows.shape[1] else np.zeros(len(rows))
 
 
-def combine(per_launch: Sequence[dict[str, float]], gpu: GpuSpec, tensor_dtype: str) -> dict[str, float]:
-    """A kernel's features from its launches': additive features summed, occupancy the lowest, spec appended."""
-    feats = {name: float(sum([f[name] for f in per_launch])) for name in _ADDITIVE}
-    feats["ctas_per_sm"] = float(min(f["ctas_per_sm"] for f in per_launch))
-    feats["imbalance"] = feats["sm_busy_cycles_max"] / feats["sm_busy_cycles_mean"] if feats["sm_busy_cycles_mean"] else 1.0
-    feats.update(spec_vector(gpu, tensor_dtype))
+def combine(per_launch: Sequence[np.ndarray], gpu: GpuSpec, tensor_dtype: str) -> np.ndarray:
+    """A kernel's features from its launches' (:func:`launch_features`): additive features summed launch after
+    launch, occupancy the lowest, the imbalance of the sums, spec filled in."""
+    feats = per_launch[0].copy()
+    for launch in per_launch[1:]:
+        feats[_ADDITIVE_COLUMNS] += launch[_ADDITIVE_COLUMNS]
+    feats[_COLUMN["ctas_per_sm"]] = min(launch[_COLUMN["ctas_per_sm"]] for launch in per_launch)
+    busy_mean = feats[_COLUMN["sm_busy_cycles_mean"]]
+    feats[_COLUMN["imbalance"]] = feats[_COLUMN["sm_busy_cycles_max"]] / busy_mean if busy_mean else 1.0
+    feats[_SPEC_COLUMNS] = tuple(spec_vector(gpu, tensor_dtype).values())
     return feats
 
 
@@ -139,12 +151,10 @@ def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> tuple[float, ...]:
     # decompose's own cache: thousands of distinct attention kernels would hold gigabytes.
     launches = decompose.__wrapped__(kernel, gpu)
     per_launch = [launch_features(launch, schedule(launch, gpu), gpu) for launch in launches]
-    feats = combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "")
-    return _in_feature_order(feats)
+    return tuple(combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "").tolist())
 
 
 _TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe")
-_in_feature_order = itemgetter(*FEATURE_NAMES)
 
 
 def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> np.ndarray:

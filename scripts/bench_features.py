@@ -5,9 +5,9 @@ one GPU; prints the rate.
     .venv/bin/python scripts/bench_features.py --kind attention --gpu H100 --shapes 5000
 
 GEMM shapes go through the vectorised closed form in one call. Attention kernels are those vLLM launches for one
-layer of llama3-70b at TP 4 (``--model``, ``--tp``) for random steps: 0 to 3 prompt chunks of up to 8,192 new
-tokens after up to 16,384 cached ones, and 0 to 256 decodes at contexts of 64 to 16,384 tokens, as a capacity
-search meets them. Each is decomposed, placed on SMs and reduced to features on its own, the per-kernel path of
+layer of llama3-70b at TP 4 (``--model``, ``--tp``) for random steps like those of a capacity search: 0 to 3
+prompt chunks of 16 to 8,192 new tokens (log-uniform), each after up to 16,384 cached ones or (two times in three)
+none, and 0 to 128 decodes at contexts of 256 to 16,384 tokens (log-uniform). Each is decomposed, placed on SMs and reduced to features on its own, the per-kernel path of
 every attention batch a simulation has not seen before.
 """
 
@@ -37,12 +37,16 @@ def attention_kernels(shapes: int, rng: np.random.Generator, model: str, gpu: st
     config, spec = get_model(model), get_gpu(gpu)
     kernels: dict[Kernel, None] = {}
     while len(kernels) < shapes:
-        prefills = tuple(PrefillChunk(int(rng.integers(1, 8193)), int(rng.integers(0, 16385)) * int(rng.integers(0, 2)))
+        prefills = tuple(PrefillChunk(_log_uniform(rng, 16, 8192), _log_uniform(rng, 1, 16384) * (rng.random() < 1 / 3))
                          for _ in range(int(rng.integers(0, 4))))
-        decodes = tuple(int(c) for c in rng.integers(64, 16385, int(rng.integers(0 if prefills else 1, 257))))
+        decodes = tuple(_log_uniform(rng, 256, 16384) for _ in range(int(rng.integers(0 if prefills else 1, 129))))
         for kernel in step_part("attention", "vllm", config, spec, BatchSpec(prefills, decodes), tp):
             kernels[kernel] = None
     return list(kernels)[:shapes]
+
+
+def _log_uniform(rng: np.random.Generator, low: int, high: int) -> int:
+    return int(np.exp(rng.uniform(np.log(low), np.log(high))))
 
 
 @click.command()

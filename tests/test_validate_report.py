@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from servesim.validate.report import bias_by_concurrency, concurrency_bucket, grouped_errors, scatter_plot
+from servesim.validate.report import against_bar, bias_by_concurrency, concurrency_bucket, grouped_errors, scatter_plot
 
 
 def _frame() -> pd.DataFrame:
@@ -24,6 +24,15 @@ def test_grouped_errors_are_mape_and_signed_bias_in_percent() -> None:
     assert vllm["engine"] == "vllm" and vllm["rows"] == 2
     assert vllm["ttft_mape_pct"] == pytest.approx(10.0) and vllm["ttft_bias_pct"] == pytest.approx(0.0)
     assert sglang["ttft_mape_pct"] == pytest.approx(12.5) and sglang["tpot_bias_pct"] == pytest.approx(-2.5)
+
+
+def test_against_bar_needs_both_ttft_and_tpot_within_it() -> None:
+    # vLLM: TTFT MAPE 10 %, TPOT 2.5 % -> within; SGLang: TTFT 12.5 %, TPOT 2.5 % -> within. Then SGLang with one
+    # TTFT 55 % off (TTFT MAPE 27.5 %) fails the TTFT bar, and vLLM's TPOTs 11 % off fail the TPOT bar alone.
+    verdicts = {row["engine"]: row["meets_bar"] for row in against_bar(_frame(), ["engine"])}
+    assert verdicts == {"vllm": "yes", "sglang": "yes"}
+    worse = _frame().assign(ttft_error=[0.1, -0.1, 0.0, 0.55], tpot_error=[0.11, 0.11, 0.0, 0.0])
+    assert [row["meets_bar"] for row in against_bar(worse, ["engine"])] == ["no", "no"]
 
 
 def test_concurrency_buckets_are_half_open_ranges() -> None:

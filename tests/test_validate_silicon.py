@@ -115,6 +115,8 @@ def test_cli_replays_one_row_end_to_end(tmp_path) -> None:
     assert row["measured_ttft_ms"] == pytest.approx(349.523, rel=1e-4)
     assert 0 < row["predicted_tpot_ms"] < 100
     assert payload["groups"][0]["rows"] == 1
+    # A Qwen3-32B row: one of the models the bar is set on.
+    assert payload["bar"] == [payload["overall"][0] | {"meets_bar": payload["bar"][0]["meets_bar"]}]
     assert plot.stat().st_size > 1000
 
 

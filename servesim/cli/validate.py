@@ -107,8 +107,22 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
     from servesim.errors import ServesimError
     from servesim.validate.calibration import TRAIN_RULE, is_training_row
     from servesim.validate.replay import replay
-    from servesim.validate.report import GROUP_KEYS, bias_by_concurrency, grouped_errors, scatter_plot
-    from servesim.validate.silicon import SILICON_ENGINES, SILICON_GPUS, load_silicon_rows, silicon_cases
+    from servesim.validate.report import (
+        GROUP_KEYS,
+        TPOT_BAR_PCT,
+        TTFT_BAR_PCT,
+        against_bar,
+        bias_by_concurrency,
+        grouped_errors,
+        scatter_plot,
+    )
+    from servesim.validate.silicon import (
+        BAR_PRESETS,
+        SILICON_ENGINES,
+        SILICON_GPUS,
+        load_silicon_rows,
+        silicon_cases,
+    )
 
     rows = load_silicon_rows(gpus or SILICON_GPUS, engines or SILICON_ENGINES, models or None)
     if row_ids:
@@ -135,6 +149,7 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         frame = with_aiconfigurator(frame, estimates)
     groups = grouped_errors(frame, [*GROUP_KEYS, "split"])
     overall = grouped_errors(frame, ["split", "engine"])
+    bar = against_bar(frame[frame["preset"].isin(BAR_PRESETS)], ["split", "engine"])
     by_concurrency = bias_by_concurrency(frame, ["split"])
     if plot_path is not None:
         scatter_plot(frame, plot_path, f"servesim vs silicon_sample.csv ({estimator} estimator; hollow: test rows)")
@@ -142,7 +157,7 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         frame.to_csv(rows_csv, index=False, float_format="%.4f")
     skipped_table = _skipped_summary(skipped)
     if output_format == "json":
-        click.echo(to_json({"estimator": estimator, "train_rule": TRAIN_RULE, "groups": groups, "overall": overall,
+        click.echo(to_json({"estimator": estimator, "train_rule": TRAIN_RULE, "groups": groups, "overall": overall, "bar": bar,
                             "by_concurrency": by_concurrency, "rows": frame.to_dict("records"),
                             "skipped": [vars(s) for s in skipped],
                             "aiconfigurator_failed": [{"id": i, "reason": r} for i, r in aic_failed]}))
@@ -161,6 +176,9 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         ("Errors per GPU, engine, model and TP", groups, (*key_columns, *error_columns)),
         ("Overall", overall, (Column("split", "split", align="<"), Column("engine", "engine", align="<"),
                               *error_columns)),
+        (f"Against the bar (TTFT MAPE ≤ {TTFT_BAR_PCT:g} %, TPOT MAPE ≤ {TPOT_BAR_PCT:g} %) on its models' rows: "
+         f"{', '.join(BAR_PRESETS)}", bar, (Column("split", "split", align="<"), Column("engine", "engine", align="<"),
+                                            *error_columns, Column("meets_bar", "meets bar", align="<"))),
         ("By concurrency", by_concurrency, (Column("split", "split", align="<"),
                                             Column("concurrency_bucket", "clients", align="<"), *error_columns)),
         ("Skipped rows", skipped_table, _SKIPPED_COLUMNS),

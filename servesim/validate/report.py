@@ -62,6 +62,12 @@ def meets_bar(row: dict[str, object]) -> bool:
     return row["ttft_mape_pct"] <= TTFT_BAR_PCT and row["tpot_mape_pct"] <= TPOT_BAR_PCT
 
 
+def against_bar(frame: pd.DataFrame, keys: Sequence[str]) -> list[dict[str, object]]:
+    """:func:`grouped_errors` per group of ``keys``, each with ``meets_bar``: ``yes`` when its TTFT and TPOT MAPE
+    are both within the bar (:data:`TTFT_BAR_PCT`, :data:`TPOT_BAR_PCT`), else ``no``."""
+    return [row | {"meets_bar": "yes" if meets_bar(row) else "no"} for row in grouped_errors(frame, keys)]
+
+
 def scatter_plot(frame: pd.DataFrame, path: Path, title: str) -> None:
     """Predicted against measured TTFT and TPOT (log axes), one colour per GPU and engine, hollow markers for
     test rows, the ±bar bands dashed. Writes a small PNG."""

@@ -28,6 +28,9 @@ from servesim.validate.replay import ServingCase, Skipped, preset_for
 #: GPUs and engines the validation covers by default (the Hopper vLLM/SGLang runs of the file).
 SILICON_GPUS = ("H100-SXM", "H200")
 SILICON_ENGINES = ("vllm", "sglang")
+#: The presets of the dense models whose rows the accuracy bar is set on (Llama-3.1-8B, Llama-3.1-70B, Qwen3-32B);
+#: the file's other replayable rows (the Qwen3-235B-A22B MoE) are reported beside them.
+BAR_PRESETS = ("llama3.1-8b", "llama3.1-70b", "qwen3-32b")
 
 #: silicon_sample ``gemm_quant`` -> servesim weight format; a missing value is an unquantised BF16 checkpoint.
 _GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block"}

@@ -2,13 +2,13 @@
 one GPU; prints the rate.
 
     .venv/bin/python scripts/bench_features.py --gpu H20 --shapes 100000
-    .venv/bin/python scripts/bench_features.py --kind attention --gpu H100 --shapes 5000
+    .venv/bin/python scripts/bench_features.py --kind attention --gpu H100 --shapes 3000
 
 GEMM shapes go through the vectorised closed form in one call. Attention kernels are those vLLM launches for one
 layer of llama3-70b at TP 4 (``--model``, ``--tp``) for random steps like those of a capacity search: 0 to 3
 prompt chunks of 16 to 8,192 new tokens (log-uniform), each after up to 16,384 cached ones or (two times in three)
-none, and 0 to 128 decodes at contexts of 256 to 16,384 tokens (log-uniform). Each is decomposed, placed on SMs and reduced to features on its own, the per-kernel path of
-every attention batch a simulation has not seen before.
+none, and 0 to 128 decodes at contexts of 256 to 16,384 tokens (log-uniform). Each is decomposed, placed on SMs
+and reduced to features on its own, the per-kernel path of every attention batch a simulation has not seen before.
 """
 
 from __future__ import annotations

@@ -157,8 +157,8 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         frame.to_csv(rows_csv, index=False, float_format="%.4f")
     skipped_table = _skipped_summary(skipped)
     if output_format == "json":
-        click.echo(to_json({"estimator": estimator, "train_rule": TRAIN_RULE, "groups": groups, "overall": overall, "bar": bar,
-                            "by_concurrency": by_concurrency, "rows": frame.to_dict("records"),
+        click.echo(to_json({"estimator": estimator, "train_rule": TRAIN_RULE, "groups": groups, "overall": overall,
+                            "bar": bar, "by_concurrency": by_concurrency, "rows": frame.to_dict("records"),
                             "skipped": [vars(s) for s in skipped],
                             "aiconfigurator_failed": [{"id": i, "reason": r} for i, r in aic_failed]}))
         return

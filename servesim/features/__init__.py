@@ -141,7 +141,8 @@ def combine(per_launch: Sequence[np.ndarray], gpu: GpuSpec, tensor_dtype: str) -
     feats[_COLUMN["ctas_per_sm"]] = min(launch[_COLUMN["ctas_per_sm"]] for launch in per_launch)
     busy_mean = feats[_COLUMN["sm_busy_cycles_mean"]]
     feats[_COLUMN["imbalance"]] = feats[_COLUMN["sm_busy_cycles_max"]] / busy_mean if busy_mean else 1.0
-    feats[_SPEC_COLUMNS] = tuple(spec_vector(gpu, tensor_dtype).values())
+    spec = spec_vector(gpu, tensor_dtype)
+    feats[_SPEC_COLUMNS] = [spec[name] for name in SPEC_FEATURES]
     return feats
 
 

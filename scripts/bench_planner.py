@@ -1,0 +1,84 @@
+"""Where a capacity search's time goes, option by option.
+
+    .venv/bin/python scripts/bench_planner.py --model llama3-70b --gpus H100 [other `servesim plan` options]
+
+Runs ``servesim plan ARGS --jobs 1 --json`` in this process (the plan's JSON is discarded) with the parts of the
+step-time model timed: the attention of batches not seen before (``StepTimeModel.layer_attentions_us``), of which
+the decomposition, SM placement and features of kernels not seen before, and the time of steps outside attention
+(``StepTimeModel._rest_time_us``). Then it searches every option again with the step-time models the first pass
+filled, so that nearly every step time is known: that second, warm pass is the simulation alone. Prints a row per
+option and the total.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import servesim.features as features
+import servesim.planner.plan as plan
+from servesim.cli import main as servesim_main
+from servesim.cli.output import Column, render_table
+from servesim.planner.search import OptionResult, OptionTask, search_capacity
+from servesim.serving.step_time import StepTimeModel
+
+_seconds: dict[str, float] = {}
+
+
+def _timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _seconds[part] = _seconds.get(part, 0.0) + time.perf_counter() - start
+    return timed
+
+
+def main(plan_args: list[str]) -> None:
+    StepTimeModel.layer_attentions_us = _timed("attention", StepTimeModel.layer_attentions_us)
+    StepTimeModel._rest_time_us = _timed("rest", StepTimeModel._rest_time_us)
+    cached_features = features._kernel_features_cached
+    features._kernel_features_cached = _timed("features", cached_features)
+    searched: list[tuple[OptionTask, StepTimeModel, OptionResult, dict[str, float], int]] = []
+
+    def search(task: OptionTask, steps: StepTimeModel) -> OptionResult:
+        _seconds.clear()
+        misses = cached_features.cache_info().misses
+        start = time.perf_counter()
+        result = search_capacity(task, steps)
+        parts = dict(_seconds, cold=time.perf_counter() - start)
+        searched.append((task, steps, result, parts, cached_features.cache_info().misses - misses))
+        return result
+
+    plan.search_capacity = search
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            servesim_main(["plan", *plan_args, "--jobs", "1", "--json"], standalone_mode=False)
+    finally:
+        plan.search_capacity = search_capacity
+    rows = []
+    for task, steps, result, parts, kernels in searched:
+        start = time.perf_counter()
+        search_capacity(task, steps)
+        rows.append({
+            "option": task.label, "probes": len(result.probes), "kernels": kernels, "cold_s": parts["cold"],
+            "attention_s": parts.get("attention", 0.0), "features_s": parts.get("features", 0.0),
+            "rest_s": parts.get("rest", 0.0), "warm_s": time.perf_counter() - start,
+        })
+    numeric = [key for key in rows[0] if key != "option"] if rows else []
+    rows.append({"option": "total", **{key: sum(row[key] for row in rows) for key in numeric}})
+    columns = [Column("option", "option", align="<"), Column("probes", "probes", "d"),
+               Column("kernels", "kernels decomposed", ",d"), Column("cold_s", "search s", ".2f"),
+               Column("attention_s", "new attention batches s", ".2f"),
+               Column("features_s", "of which kernel features s", ".2f"),
+               Column("rest_s", "outside attention s", ".2f"), Column("warm_s", "warm re-search s", ".2f")]
+    print(render_table(rows, columns, "capacity searches, one process"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -149,7 +149,8 @@ class VllmScheduler:
                 if victim is None or victim is req:
                     break
             else:
-                self._take(req, need)
+                if need:  # a decode mostly fits the blocks it holds
+                    self._take(req, need)
                 reqs.append(req)
                 news.append(new)
                 budget -= new

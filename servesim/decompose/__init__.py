@@ -19,7 +19,6 @@ from servesim.decompose.launch import (
     TaskSet,
     occupancy,
     pipe_rate_vector,
-    pipe_rates_per_sm_per_cycle,
 )
 from servesim.decompose.moe import decompose_moe
 from servesim.errors import ServesimError
@@ -49,5 +48,5 @@ def decompose(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
 
 __all__ = [
     "MIN_HEAP", "PIPES", "POLICIES", "ROUND_ROBIN", "STATIC_PERSISTENT", "Launch", "LaunchConfig", "Occupancy",
-    "TaskSet", "decode_splits", "decompose", "occupancy", "pipe_rate_vector", "pipe_rates_per_sm_per_cycle",
+    "TaskSet", "decode_splits", "decompose", "occupancy", "pipe_rate_vector",
 ]

@@ -22,7 +22,7 @@ from servesim.decompose.launch import (
     LaunchConfig,
     cold_bytes,
     occupancy,
-    pipe_rates_per_sm_per_cycle,
+    pipe_rate_vector,
     task_set,
 )
 from servesim.errors import ServesimError
@@ -153,7 +153,7 @@ def _attention_demand(per_unit: np.ndarray, rows: np.ndarray, pairs: np.ndarray,
 def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: np.ndarray, rows, pairs,
                  keys, blocks, notes: tuple[str, ...]) -> Launch:
     """The launch of ``heads`` repeats of one head's tasks (``dims`` and the work arrays)."""
-    rates = pipe_rates_per_sm_per_cycle(gpu, kernel.dtype)
+    rates = pipe_rate_vector(gpu, kernel.dtype)
     per_unit = _demand_per_unit(kernel.head_dim, dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype),
                                 tile.kv_readers)
     useful = _attention_demand(per_unit, rows, pairs, keys, blocks)

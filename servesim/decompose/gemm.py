@@ -20,7 +20,7 @@ from servesim.decompose.launch import (
     cold_bytes,
     dram_fraction,
     occupancy,
-    pipe_rates_per_sm_per_cycle,
+    pipe_rate_vector,
     task_set,
 )
 from servesim.hardware import GpuSpec
@@ -316,7 +316,7 @@ def full_tile_demand(t: GemmTiling, ones: np.ndarray) -> dict[str, np.ndarray]:
 
 def _launch(kernel: Gemm | ScaledMM, gpu: GpuSpec, t: GemmTiling, name: str) -> Launch:
     m, n, k = (np.array([x]) for x in (kernel.m, kernel.n, kernel.k))
-    rates = pipe_rates_per_sm_per_cycle(gpu, kernel.dtype)
+    rates = pipe_rate_vector(gpu, kernel.dtype)
     count = int(t.num_tasks(m, n)[0])
     j = np.arange(count)
     p, tm, tn, rows, cols, depth, last = tile_coords(j, m, n, k, t)

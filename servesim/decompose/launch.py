@@ -8,10 +8,9 @@ blocks issue full MMA tiles), so that the schedule sees what the hardware sees.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from types import MappingProxyType
 
 import numpy as np
 
@@ -155,9 +154,10 @@ class Launch:
 
 
 @lru_cache(maxsize=256)
-def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> MappingProxyType[str, float]:
-    """Each pipe's throughput per SM per cycle: ops for Tensor/FMA/XU, bytes for DRAM/L2 (the GPU's bandwidth
-    shared evenly by its SMs) and shared memory (memoised, read-only: every new kernel asks)."""
+def pipe_rate_vector(gpu: GpuSpec, tensor_dtype: str) -> np.ndarray:
+    """Each pipe's throughput per SM per cycle, in :data:`PIPES` order: ops for Tensor/FMA/XU, bytes for DRAM/L2
+    (the GPU's bandwidth shared evenly by its SMs) and shared memory (memoised, read-only: every new kernel
+    asks)."""
     tensor = gpu.tensor_flops_per_sm_per_cycle.get(tensor_dtype, 0.0)
     if tensor_dtype and tensor <= 0:
         raise ServesimError(
@@ -165,21 +165,15 @@ def pipe_rates_per_sm_per_cycle(gpu: GpuSpec, tensor_dtype: str) -> MappingProxy
             f"choose a dtype it supports ({', '.join(sorted(gpu.tensor_flops_per_sm_per_cycle))})"
         )
     clock_hz = gpu.clock_hz()
-    return MappingProxyType({
+    by_pipe = {
         "tensor": tensor or 1.0,
         "fma": gpu.fma_flops_per_sm_per_cycle,
         "xu": gpu.xu_ops_per_sm_per_cycle,
         "dram": gpu.dram_bandwidth_gbps * 1e9 / clock_hz / gpu.sm_count,
         "l2": gpu.l2_bandwidth_gbps * 1e9 / clock_hz / gpu.sm_count,
         "smem": SMEM_BYTES_PER_SM_PER_CYCLE,
-    })
-
-
-@lru_cache(maxsize=256)
-def pipe_rate_vector(gpu: GpuSpec, tensor_dtype: str) -> np.ndarray:
-    """:func:`pipe_rates_per_sm_per_cycle` as a read-only vector in :data:`PIPES` order."""
-    rates = pipe_rates_per_sm_per_cycle(gpu, tensor_dtype)
-    vector = np.array([rates[p] for p in PIPES])
+    }
+    vector = np.array([by_pipe[p] for p in PIPES])
     vector.flags.writeable = False
     return vector
 
@@ -188,16 +182,16 @@ def task_set(
     dim_names: tuple[str, ...],
     dims: Sequence[np.ndarray],
     demand: dict[str, np.ndarray] | np.ndarray,
-    rates: Mapping[str, float],
+    rates: np.ndarray,
     issued: dict[str, np.ndarray] | np.ndarray | None = None,
     repeats: int = 1,
     repeat_dim: str = "",
     cold_dram_bytes: float | None = None,
 ) -> TaskSet:
     """Build a :class:`TaskSet` from each task's dimensions (``dims``, a column per name of ``dim_names``) and
-    demand. A task's duration is its slowest pipe's cycles, taken from the ``issued`` demand
-    when given (tiled kernels: the full padded tile, which is what the main loop runs) else from the useful one.
-    Demand is by pipe name, or a float64 array with a row per pipe of :data:`PIPES` (taken over, not copied).
+    demand. A task's duration is its slowest pipe's cycles at ``rates`` (:func:`pipe_rate_vector`), taken from the
+    ``issued`` demand when given (tiled kernels: the full padded tile, which is what the main loop runs) else from
+    the useful one. Demand is by pipe name, or a float64 array with a row per pipe of :data:`PIPES` (taken over, not copied).
 
     ``dims``, ``demand`` and ``issued`` may describe one block of tasks that the launch repeats ``repeats`` times
     (attention runs the same tiles for every head), numbered in the dimension ``repeat_dim``: durations are then
@@ -211,8 +205,7 @@ def task_set(
         share = dram_fraction(cold_dram_bytes, every[PIPE_ROW["l2"]].sum())
         for rows in (every, timed):
             rows[PIPE_ROW["dram"]] = rows[PIPE_ROW["l2"]] * share
-    rates_by_pipe = np.array([rates[p] for p in PIPES])[:, None]
-    duration = _repeated((timed / rates_by_pipe).max(axis=0) if block else np.zeros(0), repeats)
+    duration = _repeated((timed / rates[:, None]).max(axis=0) if block else np.zeros(0), repeats)
     return TaskSet(dim_names, tuple(dims), every, duration, repeats, repeat_dim)
 
 

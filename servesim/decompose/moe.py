@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from servesim.decompose.elementwise import decompose_rowwise
-from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, pipe_rates_per_sm_per_cycle, task_set
+from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, pipe_rate_vector, task_set
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import FusedMoE, SiluMul, dtype_bytes
 
@@ -68,7 +68,7 @@ def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str,
     issued = demand(np.where(active, cfg["m"], 0), np.where(active, cfg["n"], 0))
     unique = kernel.active_experts() * n * k * b + kernel.routed_pairs() * (k + n) * 2
     tasks = task_set(("pid_m", "pid_n", "rows", "cols", "k"), (pid_m, pid_n, rows, cols, np.full_like(pid, k)),
-                     useful, pipe_rates_per_sm_per_cycle(gpu, kernel.dtype), issued, cold_dram_bytes=unique)
+                     useful, pipe_rate_vector(gpu, kernel.dtype), issued, cold_dram_bytes=unique)
     smem = _TRITON_STAGES * (cfg["m"] + cfg["n"]) * cfg["k"] * int(b)
     config = LaunchConfig(_TRITON_WARPS * 32, 128, smem)
     note = f"BLOCK {cfg['m']}x{cfg['n']}x{cfg['k']}, {len(block_rows)} of {grid_m} M blocks hold tokens"

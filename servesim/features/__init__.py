@@ -10,14 +10,14 @@ against which the estimator learns efficiency = theoretical / measured.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache, reduce
+from functools import lru_cache
 from types import MappingProxyType
 
 import numpy as np
 
-from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rate_vector, pipe_rates_per_sm_per_cycle
+from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rate_vector
 from servesim.decompose.gemm import (
     GemmTiling,
     full_tile_demand,
@@ -79,29 +79,27 @@ def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> MappingProxyType[str, float]
     })
 
 
-def _demand_features(sm: dict[str, np.ndarray | float], total: dict[str, np.ndarray | float],
-                     rates: Mapping[str, float], sm_count: int) -> dict[str, np.ndarray | float]:
-    """Each pipe's busiest-SM and GPU demand and cycles, for a batch of kernels (arrays) or one launch (floats)."""
-    out = {}
-    for p in PIPES:
-        unit = _PIPE_UNITS[p]
-        out[f"sm_{p}_{unit}"] = sm[p]
-        out[f"sm_{p}_cycles"] = sm[p] / rates[p]
-        out[f"gpu_{p}_{unit}"] = total[p]
-        out[f"gpu_{p}_cycles"] = total[p] / (rates[p] * sm_count)
-    return out
+def _demand_columns(sm: np.ndarray, total: np.ndarray, rates: np.ndarray, sm_count: int) -> np.ndarray:
+    """Each pipe's busiest-SM and GPU demand and cycles, in :data:`DEMAND_FEATURES` order down the first axis, from
+    the busiest SM's and the GPU's demand (a row per pipe of :data:`PIPES`; for a batch of kernels, a column per
+    kernel) and the pipes' rates (:func:`pipe_rate_vector`)."""
+    per_pipe = rates.reshape(len(PIPES), *(1,) * (sm.ndim - 1))
+    return np.stack((sm, sm / per_pipe, total, total / (per_pipe * sm_count)), axis=1).reshape(-1, *sm.shape[1:])
 
 
-def _roofline_us(features: dict[str, np.ndarray | float], gpu: GpuSpec) -> np.ndarray | float:
-    return reduce(np.maximum, (features[f"sm_{p}_cycles"] for p in PIPES)) / gpu.sustained_clock_mhz
+#: The busiest SM's cycles of each pipe among :func:`_demand_columns`' rows (the second of each pipe's four).
+_SM_CYCLE_ROWS = slice(1, len(DEMAND_FEATURES), 4)
+
+
+def _roofline_us(demand: np.ndarray, gpu: GpuSpec) -> np.ndarray:
+    """The slowest pipe's busiest-SM cycles over the clock, from :func:`_demand_columns`."""
+    return demand[_SM_CYCLE_ROWS].max(axis=0) / gpu.sustained_clock_mhz
 
 
 #: Each feature's column in FEATURE_NAMES order.
 _COLUMN = {name: i for i, name in enumerate(FEATURE_NAMES)}
 _ADDITIVE_COLUMNS = np.array([_COLUMN[name] for name in _ADDITIVE])
 _SPEC_COLUMNS = slice(_COLUMN[SPEC_FEATURES[0]], _COLUMN[SPEC_FEATURES[-1]] + 1)
-#: The busiest SM's cycles of each pipe, among the demand features.
-_SM_CYCLE_COLUMNS = np.array([_COLUMN[f"sm_{p}_cycles"] for p in PIPES])
 
 
 def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> np.ndarray:
@@ -114,16 +112,16 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> np.nd
     # Summed in task order, as a per-SM bincount would.
     sm = _sums_in_order(tasks.demand_by_pipe[:, partition.sm_of_task == busiest])
     total = tasks.demand_by_pipe.sum(axis=1)
+    demand = _demand_columns(sm, total, rates, gpu.sm_count)
     feats = np.zeros(len(FEATURE_NAMES))
-    # A column per DEMAND_FEATURES name: each pipe's busiest-SM and GPU demand and cycles (see _demand_features).
-    feats[:len(DEMAND_FEATURES)] = np.column_stack((sm, sm / rates, total, total / (rates * gpu.sm_count))).ravel()
+    feats[:len(DEMAND_FEATURES)] = demand
     counts = partition.tasks_per_sm()
     feats[_COLUMN["num_tasks"]:_COLUMN["imbalance"]] = (
         tasks.size, launch.grid_ctas, partition.ctas_per_sm,
         np.ceil(launch.grid_ctas / (gpu.sm_count * partition.ctas_per_sm)),
         counts.max(), counts.sum() / gpu.sm_count, busy.max(), busy.sum() / gpu.sm_count,
     )
-    feats[_COLUMN["theoretical_time_us"]] = feats[_SM_CYCLE_COLUMNS].max() / gpu.sustained_clock_mhz
+    feats[_COLUMN["theoretical_time_us"]] = _roofline_us(demand, gpu)
     return feats
 
 
@@ -169,7 +167,7 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     else:
         t = gemm_tiling(m, n, k, gpu, first.dtype, first.out_dtype)
     sm_count = gpu.sm_count
-    rates = pipe_rates_per_sm_per_cycle(gpu, first.dtype)
+    rates = pipe_rate_vector(gpu, first.dtype)
     tasks = t.num_tasks(m, n)
     totals = total_demand(t, m, n, k, first.bias)
     share = dram_fraction(np.array([cold_bytes(x) for x in kernels]), totals["l2"])
@@ -187,10 +185,11 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     # (the zero-padded columns), and a kernel's features would depend on the kernels computed with it.
     sm.update({p: _sums_in_order(np.where(valid, v, 0.0)) for p, v in demand.items()})
     sm["dram"] = sm["l2"] * share
-    feats = _demand_features(sm, totals, rates, sm_count)
+    demand = _demand_columns(np.stack([sm[p] for p in PIPES]), np.stack([totals[p] for p in PIPES]), rates, sm_count)
+    feats: dict[str, np.ndarray] = dict(zip(DEMAND_FEATURES, demand))
     issued = full_tile_demand(t, np.ones_like(m))
     issued["dram"] = issued["l2"] * share
-    tile_cycles = np.max(np.vstack([issued.get(p, np.zeros(len(m))) / rates[p] for p in PIPES]), axis=0)
+    tile_cycles = np.max(np.vstack([issued.get(p, np.zeros(len(m))) / rate for p, rate in zip(PIPES, rates)]), axis=0)
     threads = np.broadcast_to(np.asarray(t.threads), m.shape)
     keys = np.column_stack([threads, t.smem_bytes])
     ctas_per_sm = np.zeros(len(m))
@@ -207,7 +206,7 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
         sm_busy_cycles_mean=busy_mean, imbalance=busy_max / busy_mean,
     )
     feats.update({name: np.full(len(m), value) for name, value in spec_vector(gpu, first.dtype).items()})
-    feats["theoretical_time_us"] = _roofline_us(feats, gpu)
+    feats["theoretical_time_us"] = _roofline_us(demand, gpu)
     return np.column_stack([np.asarray(feats[name], dtype=np.float64) for name in FEATURE_NAMES])
 
 

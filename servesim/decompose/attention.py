@@ -150,8 +150,8 @@ def _attention_demand(per_unit: np.ndarray, rows: np.ndarray, pairs: np.ndarray,
     return per_unit @ np.array((pairs, rows * blocks, rows, keys), dtype=np.float64)
 
 
-def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: np.ndarray, rows, pairs,
-                 keys, blocks, notes: tuple[str, ...]) -> Launch:
+def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: tuple[np.ndarray, ...], rows,
+                 pairs, keys, blocks, notes: tuple[str, ...]) -> Launch:
     """The launch of ``heads`` repeats of one head's tasks (``dims`` and the work arrays)."""
     rates = pipe_rate_vector(gpu, kernel.dtype)
     per_unit = _demand_per_unit(kernel.head_dim, dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype),

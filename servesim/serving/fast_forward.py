@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.serving.state import Step, make_step
+from servesim.serving.state import Step
 from servesim.serving.step_cache import DecodeSpan, decode_span_at
 
 if TYPE_CHECKING:
     from servesim.serving.simulator import _Replica
 
 
-class _Batch:
+class RelaunchBatch:
     """One in-flight decode micro-batch being relaunched."""
 
     __slots__ = ("step", "end_s", "context_tokens", "max_context", "span", "blocks", "limit", "times_s")
@@ -47,6 +47,16 @@ class _Batch:
         self.times_s: list[float] = []  # its completions so far, each followed by a relaunch
 
 
+def _batches(replica: _Replica, flights: list[tuple[float, Step]]) -> deque[RelaunchBatch]:
+    """The in-flight micro-batches to relaunch: those a previous fast-forward left in flight carry over (their
+    requests cannot change while in flight), the others are read from their requests."""
+    carried = replica.relaunching
+    scheduler = replica.scheduler
+    return deque(carried[step] if step in carried else RelaunchBatch(
+                     step, end_s, scheduler.decode_blocks(np.array([r.computed + 1 for r in step.requests])))
+                 for end_s, step in flights)  # in the order they end: the pipeline is first in, first out
+
+
 def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[tuple[float, Step]]:
     """Relaunch the replica's in-flight decode micro-batches until one must go through the simulator (see the
     module docstring). Returns the ``(end_s, step)`` of micro-batches that replace in-flight ones, in the order
@@ -60,8 +70,7 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         sizes.append(0)  # the pipeline has room: the scheduler is asked again, with its whole token budget
     if not scheduler.steady_decode(sizes):
         return []
-    queue = deque(_Batch(step, end_s, scheduler.decode_blocks(np.array([r.computed + 1 for r in step.requests])))
-                  for end_s, step in flights)  # in the order they end: the pipeline is first in, first out
+    queue = _batches(replica, flights)
     moved = False
     while True:
         batch = queue[0]
@@ -88,24 +97,32 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         batch.context_tokens += size
         batch.max_context += 1
         queue.append(batch)
-    if not moved:
-        return []
     replaced = []
-    for batch in queue:
-        if batch.times_s:
-            _commit(batch, scheduler)
-            replaced.append((batch.end_s, batch.step))
-    replica.flights = [(batch.end_s, batch.step) for batch in queue]
+    if moved:
+        for batch in queue:
+            if batch.times_s:
+                _commit(batch, scheduler)
+                replaced.append((batch.end_s, batch.step))
+        replica.flights = [(batch.end_s, batch.step) for batch in queue]
+    replica.relaunching = {batch.step: batch for batch in queue}
     return replaced
 
 
-def _commit(batch: _Batch, scheduler) -> None:
-    """Bring the batch's requests up to date and make the step now in flight."""
+def _commit(batch: RelaunchBatch, scheduler) -> None:
+    """Bring the batch's requests up to date and make the step now in flight: the same decodes, each ``done``
+    tokens further (the step :func:`make_step` would form, without reading every request again)."""
     done = len(batch.times_s)
-    requests = batch.step.requests
+    step = batch.step
+    requests = step.requests
     for req in requests:
         req.computed += done
         req.generated += done
         req.token_times_s.extend(batch.times_s)
     scheduler.commit_decodes(requests, done)
-    batch.step = make_step(list(requests), [1] * len(requests))
+    size = step.num_decodes
+    batch.step = Step(requests, step.new_tokens, size, step.decode_context_tokens + size * done,
+                      step.decode_max_context + done, ())
+    batch.limit -= done
+    shift = done % len(batch.blocks)  # launch k of the new step is launch k + done of the old one
+    batch.blocks = batch.blocks[shift:] + batch.blocks[:shift]
+    batch.times_s = []

@@ -134,6 +134,7 @@ class VllmScheduler:
         preempted = False
         i = 0
         running = self.running
+        block_size = self.block_size
         while i < len(running) and budget > 0:
             req = running[i]
             i += 1
@@ -142,7 +143,7 @@ class VllmScheduler:
             new = req.prompt + req.generated - req.computed
             if new > budget:  # a conditional, not min(): this runs for every running request of every step
                 new = budget
-            need = self._blocks_to_add(req, new)
+            need = -(-(req.computed + new) // block_size) - req.kv_held  # _blocks_to_add, inlined for the same reason
             while need > self.free:
                 victim = self._preempt_newest(i - 1)
                 preempted = True

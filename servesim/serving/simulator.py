@@ -27,7 +27,7 @@ from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism
 from servesim.serving.config import EngineConfig, engine_memory_plan
-from servesim.serving.fast_forward import fast_forward
+from servesim.serving.fast_forward import RelaunchBatch, fast_forward
 from servesim.serving.metrics import SimulationResult, StepRecord
 from servesim.serving.router import make_router
 from servesim.serving.scheduler_sglang import SglangScheduler
@@ -50,6 +50,7 @@ class _Replica:
         self.step_model = step_model
         self.pp = step_model.par.pp
         self.flights: list[tuple[float, Step]] = []  # (end time, step) of micro-batches in flight, in order
+        self.relaunching: dict[Step, RelaunchBatch] = {}  # the decode steps the last fast-forward left in flight
         self.cpu_free_s = 0.0
         self.stage_free_s = [0.0] * self.pp
 

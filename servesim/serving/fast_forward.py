@@ -12,8 +12,11 @@ A run stops before the first completion that the simulator must see step by step
 (the replica's next outside event: an arrival, or another replica's completion), one that finishes a request,
 or a relaunch the KV pool cannot hold (the scheduler then preempts or retracts). The micro-batches still in
 flight then carry new :class:`Step` objects, which the simulator schedules as completion events in place of the
-old ones. Arithmetic follows the stepping path operation for operation, so token times and step records are
-identical (tests/test_serving_simulator.py checks it).
+old ones. The replica keeps each such micro-batch's state (relaunches left before a request finishes, the block
+pattern from its next launch on), so that the next run, after the outside event, starts from it without reading
+every request again; a request cannot change while its micro-batch is in flight. A micro-batch alone in flight is
+relaunched a span of contexts at a time in arrays. Arithmetic follows the stepping path operation for operation, so
+token times and step records are identical (tests/test_serving_simulator.py checks it).
 """
 
 from __future__ import annotations
@@ -71,14 +74,29 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
     if not scheduler.steady_decode(sizes):
         return []
     queue = _batches(replica, flights)
+    moved = (_relaunch_alone(replica, queue[0], horizon_s, log) if len(queue) == 1
+             else _relaunch_in_turn(replica, queue, horizon_s, log))
+    replaced = []
+    if moved:
+        for batch in queue:
+            if batch.times_s:
+                _commit(batch, scheduler)
+                replaced.append((batch.end_s, batch.step))
+        replica.flights = [(batch.end_s, batch.step) for batch in queue]
+    replica.relaunching = {batch.step: batch for batch in queue}
+    return replaced
+
+
+def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, log: list[tuple]) -> bool:
+    """Relaunch the micro-batches of ``queue`` one after another, each as it ends (the pipeline is first in, first
+    out), while none must go through the simulator. Returns whether any was relaunched."""
+    scheduler = replica.scheduler
     moved = False
     while True:
         batch = queue[0]
         end_s = batch.end_s
-        if end_s >= horizon_s or len(batch.times_s) >= batch.limit:
-            break
-        blocks = batch.blocks[len(batch.times_s) % len(batch.blocks)]
-        if blocks > scheduler.free:
+        blocks = _next_blocks(batch, horizon_s, scheduler.free)
+        if blocks < 0:
             break
         moved = True
         queue.popleft()
@@ -97,15 +115,62 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         batch.context_tokens += size
         batch.max_context += 1
         queue.append(batch)
-    replaced = []
-    if moved:
-        for batch in queue:
-            if batch.times_s:
-                _commit(batch, scheduler)
-                replaced.append((batch.end_s, batch.step))
-        replica.flights = [(batch.end_s, batch.step) for batch in queue]
-    replica.relaunching = {batch.step: batch for batch in queue}
-    return replaced
+    return moved
+
+
+def _next_blocks(batch: RelaunchBatch, horizon_s: float, free: int) -> int:
+    """The KV units the batch's next relaunch takes, or -1 when it must not be relaunched here: it ends at or after
+    the horizon, a request finishes at its end, or the pool cannot hold the relaunch."""
+    if batch.end_s >= horizon_s or len(batch.times_s) >= batch.limit:
+        return -1
+    blocks = batch.blocks[len(batch.times_s) % len(batch.blocks)]
+    return -1 if blocks > free else blocks
+
+
+def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, log: list[tuple]) -> bool:
+    """:func:`_relaunch_in_turn` for the one micro-batch in flight, a span of relaunches at a time in arrays.
+
+    Alone in the pipeline, a relaunch starts as the batch ends (only its own launch used the host and the stages
+    since, and it has left them), so each end time is the previous one plus the host overhead, then each stage's
+    time, added in that order: one running sum (``np.add.accumulate`` adds in order, as the scalar path does).
+    Relaunches are cut where one would start at or after the horizon, would pass the batch's limit, or would not
+    fit the pool's free units. Returns whether any was relaunched."""
+    scheduler = replica.scheduler
+    size = batch.step.num_decodes
+    pattern = np.array(batch.blocks)
+    moved = False
+    while _next_blocks(batch, horizon_s, scheduler.free) >= 0:
+        done = len(batch.times_s)
+        context = batch.context_tokens // size
+        if batch.span is None or not batch.span.covers(context):
+            batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
+        span = batch.span
+        # Relaunches the span covers from here, up to the limit.
+        count = min(span.low_context + span.span - context if span.span else 1, batch.limit - done)
+        overhead_us, stages_us = span.at_contexts(np.arange(context, context + count))
+        increments = np.empty((count, 1 + stages_us.shape[1]))
+        increments[:, 0] = overhead_us * 1e-6
+        increments[:, 1:] = stages_us * 1e-6
+        times = np.add.accumulate(np.concatenate(([batch.end_s], increments.ravel())))[1:].reshape(increments.shape)
+        ends = times[:, -1]
+        starts = np.concatenate(([batch.end_s], ends[:-1]))
+        taken = np.cumsum(pattern[(done + np.arange(count)) % len(pattern)])
+        fitting = int(np.searchsorted(taken, scheduler.free, "right"))
+        count = min(count, int(np.searchsorted(starts, horizon_s)), fitting)
+        moved = True
+        kv_used = ((scheduler.capacity - scheduler.free + taken[:count]) * scheduler.kv_unit_tokens).tolist()
+        index = replica.index
+        log.extend((index, start_s, end_s, size, size, 0, size, kv) for start_s, end_s, kv in
+                   zip(starts[:count].tolist(), ends[:count].tolist(), kv_used))
+        batch.times_s.extend(starts[:count].tolist())
+        scheduler.free -= int(taken[count - 1])
+        scheduler.decode_launched(count)
+        replica.cpu_free_s = float(times[count - 1, 0])
+        replica.stage_free_s = times[count - 1, 1:].tolist()
+        batch.end_s = float(ends[count - 1])
+        batch.context_tokens += size * count
+        batch.max_context += count
+    return moved
 
 
 def _commit(batch: RelaunchBatch, scheduler) -> None:

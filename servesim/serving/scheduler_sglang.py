@@ -42,6 +42,7 @@ class SglangScheduler:
         self.max_running = min(cfg.max_num_seqs, kv_tokens // 2)
         self.capacity = kv_tokens
         self.free = kv_tokens
+        self.kv_unit_tokens = 1  # the pool is counted in token slots
         self.init_ratio = INIT_NEW_TOKEN_RATIO
         self.min_ratio = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
         self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -52,7 +53,7 @@ class SglangScheduler:
 
     @property
     def kv_used_tokens(self) -> int:
-        return self.capacity - self.free
+        return (self.capacity - self.free) * self.kv_unit_tokens
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -92,10 +93,11 @@ class SglangScheduler:
         """Token slots that successive decode launches of requests at ``contexts`` take: one each, every launch."""
         return np.array([len(contexts)])
 
-    def decode_launched(self) -> None:
-        """A decode micro-batch was launched without :meth:`schedule`: the new-token ratio decays as in
-        :meth:`_decode_step`."""
-        self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+    def decode_launched(self, launches: int = 1) -> None:
+        """``launches`` decode micro-batches were launched without :meth:`schedule`: the new-token ratio decays as
+        in :meth:`_decode_step`, once per launch."""
+        for _ in range(launches):
+            self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
 
     def commit_decodes(self, requests: Sequence[RequestState], launches: int) -> None:
         """Set the slots of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`

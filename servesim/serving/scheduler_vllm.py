@@ -39,13 +39,14 @@ class VllmScheduler:
         # The block pool keeps one null block that no request can use.
         self.capacity = kv_tokens // cfg.block_size - 1
         self.free = self.capacity
+        self.kv_unit_tokens = cfg.block_size  # the pool is counted in blocks
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
 
     @property
     def kv_used_tokens(self) -> int:
         """KV memory in use, in token slots (whole blocks)."""
-        return (self.capacity - self.free) * self.block_size
+        return (self.capacity - self.free) * self.kv_unit_tokens
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -118,8 +119,9 @@ class VllmScheduler:
         counts = np.bincount(contexts % self.block_size, minlength=self.block_size)
         return counts[-np.arange(self.block_size) % self.block_size]
 
-    def decode_launched(self) -> None:
-        """A decode micro-batch was launched without :meth:`schedule` (no state besides the pool changes)."""
+    def decode_launched(self, launches: int = 1) -> None:
+        """``launches`` decode micro-batches were launched without :meth:`schedule` (no state besides the pool
+        changes)."""
 
     def commit_decodes(self, requests: Sequence[RequestState], launches: int) -> None:
         """Set the blocks of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`

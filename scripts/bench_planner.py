@@ -6,7 +6,8 @@ Runs ``servesim plan ARGS --jobs 1 --json`` in this process (the plan's JSON is 
 step-time model timed: the attention of batches not seen before (``StepTimeModel.layer_attentions_us``), of which
 the decomposition, SM placement and features of kernels not seen before, and the time of steps outside attention
 (``StepTimeModel._rest_time_us``). Then it searches every option again with the step-time models the first pass
-filled, so that nearly every step time is known: that second, warm pass is the simulation alone. Prints a row per
+filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
+decode stretches run without the scheduler (``servesim.serving.fast_forward``) are timed apart. Prints a row per
 option and the total.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import servesim.features as features
 import servesim.planner.plan as plan
+import servesim.serving.simulator as simulator
 from servesim.cli import main as servesim_main
 from servesim.cli.output import Column, render_table
 from servesim.planner.search import OptionResult, OptionTask, search_capacity
@@ -61,14 +63,17 @@ def main(plan_args: list[str]) -> None:
             servesim_main(["plan", *plan_args, "--jobs", "1", "--json"], standalone_mode=False)
     finally:
         plan.search_capacity = search_capacity
+    simulator.fast_forward = _timed("fast_forward", simulator.fast_forward)
     rows = []
     for task, steps, result, parts, kernels in searched:
+        _seconds.clear()
         start = time.perf_counter()
         search_capacity(task, steps)
         rows.append({
             "option": task.label, "probes": len(result.probes), "kernels": kernels, "cold_s": parts["cold"],
             "attention_s": parts.get("attention", 0.0), "features_s": parts.get("features", 0.0),
             "rest_s": parts.get("rest", 0.0), "warm_s": time.perf_counter() - start,
+            "fast_forward_s": _seconds.get("fast_forward", 0.0),
         })
     numeric = [key for key in rows[0] if key != "option"] if rows else []
     rows.append({"option": "total", **{key: sum(row[key] for row in rows) for key in numeric}})
@@ -76,7 +81,8 @@ def main(plan_args: list[str]) -> None:
                Column("kernels", "kernels decomposed", ",d"), Column("cold_s", "search s", ".2f"),
                Column("attention_s", "new attention batches s", ".2f"),
                Column("features_s", "of which kernel features s", ".2f"),
-               Column("rest_s", "outside attention s", ".2f"), Column("warm_s", "warm re-search s", ".2f")]
+               Column("rest_s", "outside attention s", ".2f"), Column("warm_s", "warm re-search s", ".2f"),
+               Column("fast_forward_s", "of which fast-forward s", ".2f")]
     print(render_table(rows, columns, "capacity searches, one process"))
 
 

@@ -91,30 +91,34 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
     """Relaunch the micro-batches of ``queue`` one after another, each as it ends (the pipeline is first in, first
     out), while none must go through the simulator. Returns whether any was relaunched."""
     scheduler = replica.scheduler
-    moved = False
+    occupy = replica.occupy
+    index = replica.index
+    launches = 0
     while True:
         batch = queue[0]
         end_s = batch.end_s
         blocks = _next_blocks(batch, horizon_s, scheduler.free)
         if blocks < 0:
             break
-        moved = True
+        launches += 1
         queue.popleft()
         batch.times_s.append(end_s)
         scheduler.free -= blocks
-        scheduler.decode_launched()
         size = batch.step.num_decodes
         context = batch.context_tokens // size
         # The longest and the mean context both grow by one a relaunch: the spread, hence the span, stays until
         # the mean leaves it.
-        if batch.span is None or not batch.span.covers(context):
-            batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
-        overhead_us, stages_us = batch.span.at(context)
-        start_s, batch.end_s = replica.occupy(end_s, overhead_us, stages_us)
-        log.append((replica.index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
+        span = batch.span
+        if span is None or not span.covers(context):
+            span = batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
+        overhead_us, stages_us = span.at(context)
+        start_s, batch.end_s = occupy(end_s, overhead_us, stages_us)
+        log.append((index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
         batch.context_tokens += size
         batch.max_context += 1
         queue.append(batch)
+    scheduler.decode_launched(launches)  # nothing here reads what it updates
+    moved = launches > 0
     return moved
 
 

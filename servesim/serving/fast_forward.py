@@ -118,8 +118,7 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
         batch.max_context += 1
         queue.append(batch)
     scheduler.decode_launched(launches)  # nothing here reads what it updates
-    moved = launches > 0
-    return moved
+    return launches > 0
 
 
 def _next_blocks(batch: RelaunchBatch, horizon_s: float, free: int) -> int:
@@ -153,6 +152,7 @@ def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, l
     Relaunches are cut where one would start at or after the horizon, would pass the batch's limit, or would not
     fit the pool's free units. Returns whether any was relaunched."""
     scheduler = replica.scheduler
+    index = replica.index
     size = batch.step.num_decodes
     pattern = np.array(batch.blocks)
     moved = False
@@ -176,7 +176,6 @@ def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, l
         count = min(count, int(np.searchsorted(starts, horizon_s)), fitting)
         moved = True
         kv_used = ((scheduler.capacity - scheduler.free + taken[:count]) * scheduler.kv_unit_tokens).tolist()
-        index = replica.index
         log.extend((index, start_s, end_s, size, size, 0, size, kv) for start_s, end_s, kv in
                    zip(starts[:count].tolist(), ends[:count].tolist(), kv_used))
         batch.times_s.extend(starts[:count].tolist())

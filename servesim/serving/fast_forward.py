@@ -93,17 +93,22 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
     scheduler = replica.scheduler
     occupy = replica.occupy
     index = replica.index
+    capacity, unit = scheduler.capacity, scheduler.kv_unit_tokens
+    free = scheduler.free
     launches = 0
     while True:
         batch = queue[0]
         end_s = batch.end_s
-        blocks = _next_blocks(batch, horizon_s, scheduler.free)
-        if blocks < 0:
+        times_s = batch.times_s
+        if end_s >= horizon_s or len(times_s) >= batch.limit:  # _next_blocks, inlined: this runs every relaunch
+            break
+        blocks = batch.blocks[len(times_s) % len(batch.blocks)]
+        if blocks > free:
             break
         launches += 1
         queue.popleft()
-        batch.times_s.append(end_s)
-        scheduler.free -= blocks
+        times_s.append(end_s)
+        free -= blocks
         size = batch.step.num_decodes
         context = batch.context_tokens // size
         # The longest and the mean context both grow by one a relaunch: the spread, hence the span, stays until
@@ -113,10 +118,11 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
             span = batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
         overhead_us, stages_us = span.at(context)
         start_s, batch.end_s = occupy(end_s, overhead_us, stages_us)
-        log.append((index, start_s, batch.end_s, size, size, 0, size, scheduler.kv_used_tokens))
+        log.append((index, start_s, batch.end_s, size, size, 0, size, (capacity - free) * unit))
         batch.context_tokens += size
         batch.max_context += 1
         queue.append(batch)
+    scheduler.free = free
     scheduler.decode_launched(launches)  # nothing here reads what it updates
     return launches > 0
 

@@ -126,8 +126,9 @@ class VllmScheduler:
     def commit_decodes(self, requests: Sequence[RequestState], launches: int) -> None:
         """Set the blocks of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`
         (the pool's free count was kept by the caller)."""
-        for req in requests:
-            req.kv_held = _blocks(req.computed + 1, self.block_size)
+        block_size = self.block_size
+        for req in requests:  # _blocks, inlined: this runs for every request of every fast-forward
+            req.kv_held = -(-(req.computed + 1) // block_size)
 
     def schedule(self) -> Step | None:
         budget = self.token_budget

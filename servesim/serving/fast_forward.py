@@ -73,28 +73,31 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
         sizes.append(0)  # the pipeline has room: the scheduler is asked again, with its whole token budget
     if not scheduler.steady_decode(sizes):
         return []
-    queue = _batches(replica, flights)
-    moved = (_relaunch_alone(replica, queue[0], horizon_s, log) if _long_and_alone(replica, queue, horizon_s)
-             else _relaunch_in_turn(replica, queue, horizon_s, log))
+    queue = _batches(replica, flights)  # none relaunched yet: each batch's times_s is empty
+    if _long_and_alone(replica, queue, horizon_s):
+        _relaunch_alone(replica, queue[0], horizon_s, log)
+    else:
+        _relaunch_in_turn(replica, queue, horizon_s, log)
     replaced = []
-    if moved:
-        for batch in queue:
-            if batch.times_s:
-                _commit(batch, scheduler)
-                replaced.append((batch.end_s, batch.step))
+    for batch in queue:
+        if batch.times_s:
+            _commit(batch, scheduler)
+            replaced.append((batch.end_s, batch.step))
+    if replaced:
         replica.flights = [(batch.end_s, batch.step) for batch in queue]
     replica.relaunching = {batch.step: batch for batch in queue}
     return replaced
 
 
-def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, log: list[tuple]) -> bool:
+def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, log: list[tuple]) -> None:
     """Relaunch the micro-batches of ``queue`` one after another, each as it ends (the pipeline is first in, first
-    out), while none must go through the simulator. Returns whether any was relaunched."""
+    out), while none must go through the simulator; each relaunch's end is appended to its batch's ``times_s``."""
     scheduler = replica.scheduler
     occupy = replica.occupy
     index = replica.index
-    capacity, unit = scheduler.capacity, scheduler.kv_unit_tokens
+    unit = scheduler.kv_unit_tokens
     free = scheduler.free
+    kv_used = scheduler.kv_used_tokens
     launches = 0
     while True:
         batch = queue[0]
@@ -109,6 +112,7 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
         queue.popleft()
         times_s.append(end_s)
         free -= blocks
+        kv_used += blocks * unit
         size = batch.step.num_decodes
         context = batch.context_tokens // size
         # The longest and the mean context both grow by one a relaunch: the spread, hence the span, stays until
@@ -118,13 +122,12 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
             span = batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
         overhead_us, stages_us = span.at(context)
         start_s, batch.end_s = occupy(end_s, overhead_us, stages_us)
-        log.append((index, start_s, batch.end_s, size, size, 0, size, (capacity - free) * unit))
+        log.append((index, start_s, batch.end_s, size, size, 0, size, kv_used))
         batch.context_tokens += size
         batch.max_context += 1
         queue.append(batch)
     scheduler.free = free
     scheduler.decode_launched(launches)  # nothing here reads what it updates
-    return launches > 0
 
 
 def _next_blocks(batch: RelaunchBatch, horizon_s: float, free: int) -> int:
@@ -149,19 +152,18 @@ def _long_and_alone(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: f
     return horizon_s - end_s > LONG_RUN_STEPS * (end_s - replica.cpu_free_s)
 
 
-def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, log: list[tuple]) -> bool:
+def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, log: list[tuple]) -> None:
     """:func:`_relaunch_in_turn` for the one micro-batch in flight, a span of relaunches at a time in arrays.
 
     Alone in the pipeline, a relaunch starts as the batch ends (only its own launch used the host and the stages
     since, and it has left them), so each end time is the previous one plus the host overhead, then each stage's
     time, added in that order: one running sum (``np.add.accumulate`` adds in order, as the scalar path does).
     Relaunches are cut where one would start at or after the horizon, would pass the batch's limit, or would not
-    fit the pool's free units. Returns whether any was relaunched."""
+    fit the pool's free units."""
     scheduler = replica.scheduler
     index = replica.index
     size = batch.step.num_decodes
     pattern = np.array(batch.blocks)
-    moved = False
     while _next_blocks(batch, horizon_s, scheduler.free) >= 0:
         done = len(batch.times_s)
         context = batch.context_tokens // size
@@ -180,8 +182,7 @@ def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, l
         taken = np.cumsum(pattern[(done + np.arange(count)) % len(pattern)])
         fitting = int(np.searchsorted(taken, scheduler.free, "right"))
         count = min(count, int(np.searchsorted(starts, horizon_s)), fitting)
-        moved = True
-        kv_used = ((scheduler.capacity - scheduler.free + taken[:count]) * scheduler.kv_unit_tokens).tolist()
+        kv_used = (scheduler.kv_used_tokens + taken[:count] * scheduler.kv_unit_tokens).tolist()
         log.extend((index, start_s, end_s, size, size, 0, size, kv) for start_s, end_s, kv in
                    zip(starts[:count].tolist(), ends[:count].tolist(), kv_used))
         batch.times_s.extend(starts[:count].tolist())
@@ -192,7 +193,6 @@ def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, l
         batch.end_s = float(ends[count - 1])
         batch.context_tokens += size * count
         batch.max_context += count
-    return moved
 
 
 def _commit(batch: RelaunchBatch, scheduler) -> None:

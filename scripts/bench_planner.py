@@ -7,8 +7,8 @@ step-time model timed: the attention of batches not seen before (``StepTimeModel
 the decomposition, SM placement and features of kernels not seen before, and the time of steps outside attention
 (``StepTimeModel._rest_time_us``). Then it searches every option again with the step-time models the first pass
 filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
-decode stretches run without the scheduler (``servesim.serving.fast_forward``) are timed apart. Prints a row per
-option and the total.
+decode stretches run without the scheduler (``servesim.serving.fast_forward``) and the runs that stopped early (a
+bracketing load whose SLO failure became certain) are timed apart. Prints a row per option and the total.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from typing import Any
 
 import servesim.features as features
 import servesim.planner.plan as plan
+import servesim.planner.search as search_module
 import servesim.serving.simulator as simulator
 from servesim.cli import main as servesim_main
 from servesim.cli.output import Column, render_table
-from servesim.planner.search import OptionResult, OptionTask, search_capacity
+from servesim.planner.search import OptionResult, OptionTask, Probe, search_capacity
 from servesim.serving.step_time import StepTimeModel
 
 _seconds: dict[str, float] = {}
@@ -38,6 +39,17 @@ def _timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         finally:
             _seconds[part] = _seconds.get(part, 0.0) + time.perf_counter() - start
+    return timed
+
+
+def _timed_if_stopped(probe: Callable[..., Probe]) -> Callable[..., Probe]:
+    """``probe`` whose time counts (as ``stopped``) when its run ended early, a failed SLO being certain."""
+    def timed(*args: Any, **kwargs: Any) -> Probe:
+        start = time.perf_counter()
+        result = probe(*args, **kwargs)
+        if result.stopped_by is not None:
+            _seconds["stopped"] = _seconds.get("stopped", 0.0) + time.perf_counter() - start
+        return result
     return timed
 
 
@@ -64,6 +76,7 @@ def main(plan_args: list[str]) -> None:
     finally:
         plan.search_capacity = search_capacity
     simulator.fast_forward = _timed("fast_forward", simulator.fast_forward)
+    search_module._probe = _timed_if_stopped(search_module._probe)
     rows = []
     for task, steps, result, parts, kernels in searched:
         _seconds.clear()
@@ -73,7 +86,7 @@ def main(plan_args: list[str]) -> None:
             "option": task.label, "probes": len(result.probes), "kernels": kernels, "cold_s": parts["cold"],
             "attention_s": parts.get("attention", 0.0), "features_s": parts.get("features", 0.0),
             "rest_s": parts.get("rest", 0.0), "warm_s": time.perf_counter() - start,
-            "fast_forward_s": _seconds.get("fast_forward", 0.0),
+            "fast_forward_s": _seconds.get("fast_forward", 0.0), "stopped_s": _seconds.get("stopped", 0.0),
         })
     numeric = [key for key in rows[0] if key != "option"] if rows else []
     rows.append({"option": "total", **{key: sum(row[key] for row in rows) for key in numeric}})
@@ -82,7 +95,8 @@ def main(plan_args: list[str]) -> None:
                Column("attention_s", "new attention batches s", ".2f"),
                Column("features_s", "of which kernel features s", ".2f"),
                Column("rest_s", "outside attention s", ".2f"), Column("warm_s", "warm re-search s", ".2f"),
-               Column("fast_forward_s", "of which fast-forward s", ".2f")]
+               Column("fast_forward_s", "of which fast-forward s", ".2f"),
+               Column("stopped_s", "of which runs stopped early s", ".2f")]
     print(render_table(rows, columns, "capacity searches, one process"))
 
 

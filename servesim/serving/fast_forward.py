@@ -103,7 +103,7 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
         batch = queue[0]
         end_s = batch.end_s
         times_s = batch.times_s
-        if end_s >= horizon_s or len(times_s) >= batch.limit:  # _next_blocks, inlined: this runs every relaunch
+        if end_s >= horizon_s or len(times_s) >= batch.limit:  # _relaunches, inlined: this runs every relaunch
             break
         blocks = batch.blocks[len(times_s) % len(batch.blocks)]
         if blocks > free:
@@ -130,13 +130,12 @@ def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s:
     scheduler.decode_launched(launches)  # nothing here reads what it updates
 
 
-def _next_blocks(batch: RelaunchBatch, horizon_s: float, free: int) -> int:
-    """The KV units the batch's next relaunch takes, or -1 when it must not be relaunched here: it ends at or after
-    the horizon, a request finishes at its end, or the pool cannot hold the relaunch."""
+def _relaunches(batch: RelaunchBatch, horizon_s: float, free: int) -> bool:
+    """Whether the batch is relaunched here once more: not when it ends at or after the horizon, a request
+    finishes at its end, or the pool's ``free`` units cannot hold the relaunch."""
     if batch.end_s >= horizon_s or len(batch.times_s) >= batch.limit:
-        return -1
-    blocks = batch.blocks[len(batch.times_s) % len(batch.blocks)]
-    return -1 if blocks > free else blocks
+        return False
+    return batch.blocks[len(batch.times_s) % len(batch.blocks)] <= free
 
 
 LONG_RUN_STEPS = 16
@@ -164,7 +163,7 @@ def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, l
     index = replica.index
     size = batch.step.num_decodes
     pattern = np.array(batch.blocks)
-    while _next_blocks(batch, horizon_s, scheduler.free) >= 0:
+    while _relaunches(batch, horizon_s, scheduler.free):
         done = len(batch.times_s)
         context = batch.context_tokens // size
         if batch.span is None or not batch.span.covers(context):

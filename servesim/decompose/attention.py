@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from servesim.compiled import jit
 from servesim.decompose.launch import (
     MIN_HEAP,
     PIPE_ROW,
@@ -101,28 +102,41 @@ def _flashinfer_fa2_tile(avg_packed_q: float, head_dim: int, elem_bytes: float) 
     return AttentionTile(tile_q, tile_kv, 128, 128, smem, 4 if tile_q >= 64 else 1, False)
 
 
-def _packed_row_token_sum(x: np.ndarray, group: int) -> np.ndarray:
+@jit
+def _packed_row_token_sum(x: int, group: int) -> int:
     """Sum of ``r // group`` over packed rows r in [0, x)."""
     t = x // group
     return group * t * (t - 1) // 2 + t * (x - group * t)
 
 
-def _tile_work(q: np.ndarray, kv: np.ndarray, row_a: np.ndarray, row_b: np.ndarray, group: int, causal: bool,
-               block_n: int):
-    """For tiles covering packed rows [row_a, row_b) of requests with ``q`` new tokens and ``kv`` keys: the
-    (row, key) pairs they score and the keys their main loop walks (whole key blocks, up to the last row's
-    causal limit)."""
-    rows = row_b - row_a
-    if causal:
-        offset = kv - q + 1  # keys visible to token 0
-        pairs = rows * offset + _packed_row_token_sum(row_b, group) - _packed_row_token_sum(row_a, group)
-        max_keys = np.minimum(kv - q + (row_b - 1) // group + 1, kv)
-    else:
-        pairs = rows * kv
-        max_keys = kv
-    max_keys = np.where(rows > 0, max_keys, 0)
-    blocks = -(-max_keys // block_n)
-    return pairs, max_keys, blocks
+@jit
+def _prefill_tiles(q: np.ndarray, kv: np.ndarray, tiles_per_req: np.ndarray, block_m: int, block_n: int, group: int,
+                   causal: bool) -> tuple[np.ndarray, ...]:
+    """One head's query tiles, request after request: ``tiles_per_req[i]`` tiles of ``block_m`` packed rows over
+    request i's ``q[i] * group`` (tiles past them are empty), with ``kv[i]`` keys. Per tile: its request, its index
+    in the request, its rows, the (row, key) pairs it scores, and the keys and key blocks its main loop walks
+    (whole blocks of ``block_n``, up to the last row's causal limit)."""
+    n = tiles_per_req.sum()
+    request, tile, rows = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    pairs, keys, blocks = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    i = 0
+    for r in range(len(q)):
+        packed = q[r] * group
+        for t in range(tiles_per_req[r]):
+            row_a = min(t * block_m, packed)
+            row_b = min(row_a + block_m, packed)
+            request[i], tile[i], rows[i] = r, t, row_b - row_a
+            if causal:
+                offset = kv[r] - q[r] + 1  # keys visible to token 0
+                pairs[i] = (rows[i] * offset + _packed_row_token_sum(row_b, group)
+                            - _packed_row_token_sum(row_a, group))
+                keys[i] = min(kv[r] - q[r] + (row_b - 1) // group + 1, kv[r]) if rows[i] > 0 else 0
+            else:
+                pairs[i] = rows[i] * kv[r]
+                keys[i] = kv[r] if rows[i] > 0 else 0
+            blocks[i] = -(-keys[i] // block_n)
+            i += 1
+    return request, tile, rows, pairs, keys, blocks
 
 
 @lru_cache(maxsize=256)
@@ -142,12 +156,25 @@ def _demand_per_unit(head_dim: int, q_bytes: float, kv_bytes: float, kv_readers:
     return per_unit
 
 
+@jit
 def _attention_demand(per_unit: np.ndarray, rows: np.ndarray, pairs: np.ndarray, keys: np.ndarray,
-                      blocks: np.ndarray) -> np.ndarray:
-    """Per-task demand, a row per pipe of :data:`PIPES`: :func:`_demand_per_unit` times each task's scored pairs,
-    rows x key blocks, rows and walked keys. Every product and sum is of whole numbers (or halves) far below 2^53,
-    so one matrix product gives exactly what pipe-by-pipe arithmetic would."""
-    return per_unit @ np.array((pairs, rows * blocks, rows, keys), dtype=np.float64)
+                      blocks: np.ndarray, block_m: int, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-task useful and issued demand, a row per pipe of :data:`PIPES`: :func:`_demand_per_unit` times each
+    task's scored pairs, rows x key blocks, rows and walked keys; issued counts full ``block_m``-row tiles over whole
+    key blocks of ``block_n``. Every product and sum is of whole numbers (or halves) far below 2^53, so it is exact
+    in any order."""
+    pipes, n = per_unit.shape[0], len(rows)
+    useful, issued = np.empty((pipes, n)), np.empty((pipes, n))
+    for task in range(n):
+        full_rows = block_m if rows[task] > 0 else 0
+        walked = blocks[task] * block_n
+        for pipe in range(pipes):
+            per_pair, per_row_block, per_row, per_key = per_unit[pipe]
+            useful[pipe, task] = (per_pair * pairs[task] + per_row_block * (rows[task] * blocks[task])
+                                  + per_row * rows[task] + per_key * keys[task])
+            issued[pipe, task] = (per_pair * (full_rows * walked) + per_row_block * (full_rows * blocks[task])
+                                  + per_row * full_rows + per_key * walked)
+    return useful, issued
 
 
 def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: tuple[np.ndarray, ...], rows,
@@ -156,10 +183,7 @@ def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: in
     rates = pipe_rate_vector(gpu, kernel.dtype)
     per_unit = _demand_per_unit(kernel.head_dim, dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype),
                                 tile.kv_readers)
-    useful = _attention_demand(per_unit, rows, pairs, keys, blocks)
-    full_rows = np.where(rows > 0, tile.block_m, 0)
-    walked = blocks * tile.block_n
-    issued = _attention_demand(per_unit, full_rows, full_rows * walked, walked, blocks)
+    useful, issued = _attention_demand(per_unit, rows, pairs, keys, blocks, tile.block_m, tile.block_n)
     tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head",
                      cold_dram_bytes=cold_bytes(kernel))
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)
@@ -181,13 +205,6 @@ def _check(kernel) -> str:
     if kernel.num_heads % kernel.num_kv_heads:
         raise ServesimError(f"{kernel.num_heads} query heads do not group evenly over {kernel.num_kv_heads} KV heads")
     return _DECOMPOSED_AS.get(kernel.backend, kernel.backend)
-
-
-def _expand(counts: np.ndarray):
-    """Index of the owner and the position within it for ``counts[i]`` items of each owner i."""
-    owner = np.repeat(np.arange(len(counts)), counts)
-    starts = np.cumsum(counts) - counts
-    return owner, np.arange(int(counts.sum())) - starts[owner]
 
 
 def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, ...]:
@@ -212,11 +229,8 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
         pack, heads = group, kernel.num_kv_heads
         tiles_per_req = -(-(q * pack) // tile.block_m)
     # Launch order: tiles fastest, then requests, then heads (grid x, y, z); every head runs the same tiles.
-    req, tile_idx = _expand(tiles_per_req)
-    row_a = np.minimum(tile_idx * tile.block_m, q[req] * pack)
-    row_b = np.minimum(row_a + tile.block_m, q[req] * pack)
-    pairs, keys, blocks = _tile_work(q[req], kv[req], row_a, row_b, pack, kernel.causal, tile.block_n)
-    rows = row_b - row_a
+    req, tile_idx, rows, pairs, keys, blocks = _prefill_tiles(q, kv, tiles_per_req, tile.block_m, tile.block_n,
+                                                              pack, kernel.causal)
     dims = _head_dims(req, tile_idx, np.zeros_like(req), rows, keys)
     name = f"{kernel.backend} prefill"
     notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else ""),)
@@ -336,12 +350,29 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
         chunk_keys = blocks_per_split * tile.block_n
         chunks = np.full_like(kv, choice)
         splits_label = f"{choice} KV splits"
-    req, split = _expand(chunks)
-    keys = np.minimum(np.maximum(kv[req] - split * chunk_keys, 0), chunk_keys)
-    rows = np.where(keys > 0, group, 0)
-    blocks = -(-keys // tile.block_n)
+    req, split, rows, keys, blocks = _decode_chunks(kv, chunks, chunk_keys, group, tile.block_n)
     heads = kernel.num_kv_heads
     dims = _head_dims(req, np.zeros_like(req), split, rows, keys)
     notes = (f"tile {tile.block_m}x{tile.block_n}, {splits_label}",)
     return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", heads, dims, rows, rows * keys, keys, blocks,
                          notes),)
+
+
+@jit
+def _decode_chunks(kv: np.ndarray, chunks: np.ndarray, chunk_keys: int, group: int,
+                   block_n: int) -> tuple[np.ndarray, ...]:
+    """One KV head's decode tasks, request after request: ``chunks[i]`` pieces of up to ``chunk_keys`` of request
+    i's ``kv[i]`` keys (pieces past them are empty). Per task: its request, its piece, its rows (the ``group`` query
+    heads, none when empty), its keys and key blocks of ``block_n``."""
+    n = chunks.sum()
+    request, split, rows = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    keys, blocks = np.empty(n, np.int64), np.empty(n, np.int64)
+    i = 0
+    for r in range(len(kv)):
+        for c in range(chunks[r]):
+            request[i], split[i] = r, c
+            keys[i] = min(max(kv[r] - c * chunk_keys, 0), chunk_keys)
+            rows[i] = group if keys[i] > 0 else 0
+            blocks[i] = -(-keys[i] // block_n)
+            i += 1
+    return request, split, rows, keys, blocks

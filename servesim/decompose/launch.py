@@ -14,6 +14,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from servesim.compiled import jit, pairwise_sum
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, ScaledMM
@@ -28,6 +29,7 @@ POLICIES = (ROUND_ROBIN, MIN_HEAP, STATIC_PERSISTENT)
 PIPES = ("tensor", "fma", "xu", "dram", "l2", "smem")
 #: Each pipe's row in a pipe-by-task demand array.
 PIPE_ROW = {p: i for i, p in enumerate(PIPES)}
+_PIPE_ROW_L2, _PIPE_ROW_DRAM = PIPE_ROW["l2"], PIPE_ROW["dram"]
 
 #: Shared-memory bandwidth per SM: 32 banks x 4 bytes per cycle (CUDA C++ Programming Guide, "Shared Memory",
 #: compute capabilities 5.x-12.x).
@@ -200,19 +202,35 @@ def task_set(
     block = len(dims[0])
     useful = _by_pipe(demand, block)
     timed = useful if issued is None else _by_pipe(issued, block)
-    every = _repeated(useful, repeats)
-    if cold_dram_bytes is not None:
-        share = dram_fraction(cold_dram_bytes, every[PIPE_ROW["l2"]].sum())
-        for rows in (every, timed):
-            rows[PIPE_ROW["dram"]] = rows[PIPE_ROW["l2"]] * share
-    duration = _repeated((timed / rates[:, None]).max(axis=0) if block else np.zeros(0), repeats)
+    spread = cold_dram_bytes is not None
+    every, duration = _task_arrays(useful, timed, rates, repeats, cold_dram_bytes if spread else 0.0, spread)
     return TaskSet(dim_names, tuple(dims), every, duration, repeats, repeat_dim)
 
 
-def _repeated(values: np.ndarray, repeats: int) -> np.ndarray:
-    """``values`` (per task, along the last axis) repeated ``repeats`` times along it, as ``np.tile`` does,
-    without np.tile's per-call overhead (a new array unless ``repeats`` is 1)."""
-    return values if repeats == 1 else np.concatenate([values] * repeats, axis=-1)
+@jit
+def _task_arrays(useful: np.ndarray, timed: np.ndarray, rates: np.ndarray, repeats: int, cold_dram_bytes: float,
+                 spread: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`task_set`'s arrays: the useful demand of every repeat (``repeats`` copies of ``useful`` side by side),
+    with ``spread`` the DRAM rows of it and of ``timed`` (changed in place) set to their L2 rows times
+    :func:`dram_fraction` of ``cold_dram_bytes`` over every repeat's L2 demand, and each task's duration, its
+    slowest pipe's ``timed`` cycles."""
+    pipes, block = useful.shape
+    every = np.empty((pipes, block * repeats))
+    for repeat in range(repeats):
+        every[:, repeat * block:(repeat + 1) * block] = useful
+    if spread:
+        l2, dram = _PIPE_ROW_L2, _PIPE_ROW_DRAM
+        share = min(cold_dram_bytes / max(pairwise_sum(every[l2], 0, block * repeats), 1.0), 1.0)
+        every[dram] = every[l2] * share
+        timed[dram] = timed[l2] * share
+    duration = np.empty(block * repeats)
+    for task in range(block):
+        slowest = timed[0, task] / rates[0]
+        for pipe in range(1, pipes):
+            slowest = max(slowest, timed[pipe, task] / rates[pipe])
+        for repeat in range(repeats):
+            duration[repeat * block + task] = slowest
+    return every, duration
 
 
 def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> float:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from servesim.compiled import jit, pairwise_sum
 from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rate_vector
 from servesim.decompose.gemm import (
     GemmTiling,
@@ -107,22 +108,43 @@ def launch_features(launch: Launch, partition: Partition, gpu: GpuSpec) -> np.nd
     imbalance, which :func:`combine` gives the whole kernel, are left at 0."""
     tasks = launch.tasks
     rates = pipe_rate_vector(gpu, launch.tensor_dtype)
-    busy = partition.per_sm(tasks.duration_cycles)
-    busiest = int(np.argmax(busy)) if tasks.size else 0
-    # Summed in task order, as a per-SM bincount would.
-    sm = _sums_in_order(tasks.demand_by_pipe[:, partition.sm_of_task == busiest])
-    total = tasks.demand_by_pipe.sum(axis=1)
+    sm, total, tasks_max, busy_max, busy_sum = _per_sm_reduction(
+        tasks.demand_by_pipe, partition.sm_of_task, tasks.duration_cycles, gpu.sm_count)
     demand = _demand_columns(sm, total, rates, gpu.sm_count)
     feats = np.zeros(len(FEATURE_NAMES))
     feats[:len(DEMAND_FEATURES)] = demand
-    counts = partition.tasks_per_sm()
     feats[_COLUMN["num_tasks"]:_COLUMN["imbalance"]] = (
         tasks.size, launch.grid_ctas, partition.ctas_per_sm,
         np.ceil(launch.grid_ctas / (gpu.sm_count * partition.ctas_per_sm)),
-        counts.max(), counts.sum() / gpu.sm_count, busy.max(), busy.sum() / gpu.sm_count,
+        tasks_max, tasks.size / gpu.sm_count, busy_max, busy_sum / gpu.sm_count,
     )
     feats[_COLUMN["theoretical_time_us"]] = _roofline_us(demand, gpu)
     return feats
+
+
+@jit
+def _per_sm_reduction(demand_by_pipe: np.ndarray, sm_of_task: np.ndarray, duration_cycles: np.ndarray,
+                      sm_count: int) -> tuple[np.ndarray, np.ndarray, int, float, float]:
+    """Each pipe's demand on the busiest SM (the most task cycles, lowest index on ties; summed in task order) and
+    on the GPU, the most tasks on one SM, and the busiest SM's and all SMs' cycles."""
+    busy = np.zeros(sm_count)
+    tasks_on = np.zeros(sm_count, dtype=np.int64)
+    for task, sm in enumerate(sm_of_task):
+        busy[sm] += duration_cycles[task]
+        tasks_on[sm] += 1
+    busiest = np.argmax(busy)
+    pipes, n = demand_by_pipe.shape
+    on_busiest = np.zeros(pipes)
+    total = np.empty(pipes)
+    for pipe in range(pipes):
+        row = np.ascontiguousarray(demand_by_pipe[pipe])
+        first = True
+        for task in range(n):
+            if sm_of_task[task] == busiest:
+                on_busiest[pipe] = row[task] if first else on_busiest[pipe] + row[task]
+                first = False
+        total[pipe] = pairwise_sum(row, 0, n)
+    return on_busiest, total, tasks_on.max(), busy.max(), pairwise_sum(busy, 0, sm_count)
 
 
 def _sums_in_order(rows: np.ndarray) -> np.ndarray:

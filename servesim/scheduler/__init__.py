@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servesim.compiled import jit
 from servesim.decompose.launch import MIN_HEAP, ROUND_ROBIN, STATIC_PERSISTENT, Launch, occupancy
 from servesim.hardware import GpuSpec
 
@@ -38,61 +39,95 @@ class Partition:
 
 def round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -> np.ndarray:
     """SM of each task under the hardware block scheduler (ties: earliest slot round first, then lowest SM)."""
+    return _round_robin(np.asarray(duration_cycles, dtype=np.float64), sm_count, ctas_per_sm)
+
+
+@jit
+def _round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -> np.ndarray:
     n = len(duration_cycles)
-    if n == 0 or (duration_cycles[0] > 0 and np.all(duration_cycles == duration_cycles[0])):
-        return np.arange(n) % sm_count  # equal work: a closed form (an all-empty grid is not, see below)
-    first = min(n, sm_count * ctas_per_sm)
+    sm_of_task = np.empty(n, dtype=np.int64)
+    uniform = n == 0 or duration_cycles[0] > 0
+    for i in range(1, n):
+        if not uniform:
+            break
+        uniform = duration_cycles[i] == duration_cycles[0]
+    first = n if uniform else min(n, sm_count * ctas_per_sm)
+    # Equal work: a closed form (an all-empty grid is not, see below).
+    for i in range(first):
+        sm_of_task[i] = i % sm_count
+    if first == n:
+        return sm_of_task
     # Slot j is the j-th slot filled: slot round j // sm_count on SM j % sm_count, so that ordering slots that free
     # at once by j orders them by round, then SM.
     later = duration_cycles[first:]
-    has_work = later != 0
-    taken_sm = _slots_taken(duration_cycles[:first], later[has_work]) % sm_count
+    taken = _slots_taken(duration_cycles[:first], later[later != 0])
     # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
-    # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free),
-    # the one numbered by how many CTAs with work come before it.
-    sm_of_task = np.empty(n, dtype=np.int64)
-    sm_of_task[:first] = np.arange(first) % sm_count
-    sm_of_task[first:] = taken_sm[np.cumsum(has_work) - has_work]
+    # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free).
+    with_work = 0
+    for i in range(first, n):
+        sm_of_task[i] = taken[with_work] % sm_count
+        with_work += duration_cycles[i] != 0
     return sm_of_task
 
 
+@jit
 def _slots_taken(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
     """The slot each task of ``later_cycles`` takes, in turn the one that frees first (ties: lowest slot), with slot
-    j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all.
-
-    A heap would take the tasks one at a time. Here they go a batch at a time: with the slots sorted by when they
-    free, the next tasks take them in that order for as long as each slot frees strictly before every slot the
-    batch has refilled so far (the first always does). Finish times are the same additions a heap makes, so the
-    slots are the heap's, task for task; a batch is typically a wave of slots."""
+    j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all. A binary heap
+    of the slots ordered by (free time, slot)."""
     finish = first_cycles.copy()
+    slots = len(finish)
+    heap = np.arange(slots)
+    for position in range(slots // 2 - 1, -1, -1):
+        _sift_down(heap, finish, position)
     taken = np.empty(len(later_cycles) + 1, dtype=np.int64)
-    start = 0
-    while start < len(later_cycles):
-        order = np.argsort(finish, kind="stable")
-        frees = finish[order]
-        size = min(len(order), len(later_cycles) - start)
-        refilled = frees[:size] + later_cycles[start:start + size]
-        in_turn = frees[1:size] < np.minimum.accumulate(refilled[:size - 1])
-        if not in_turn.all():
-            size = 1 + int(np.argmin(in_turn))
-        taken[start:start + size] = order[:size]
-        finish[order[:size]] = refilled[:size]
-        start += size
-    taken[-1] = np.argmin(finish)
+    for i in range(len(later_cycles)):
+        slot = heap[0]
+        taken[i] = slot
+        finish[slot] = finish[slot] + later_cycles[i]
+        _sift_down(heap, finish, 0)
+    taken[-1] = heap[0]
     return taken
+
+
+@jit
+def _sift_down(heap: np.ndarray, finish: np.ndarray, position: int) -> None:
+    """Restore the heap order below ``position`` (the slot there may free later than its children)."""
+    slot = heap[position]
+    size = len(heap)
+    while True:
+        child = 2 * position + 1
+        if child >= size:
+            break
+        other = child + 1
+        if other < size and (finish[heap[other]], heap[other]) < (finish[heap[child]], heap[child]):
+            child = other
+        if (finish[heap[child]], heap[child]) < (finish[slot], slot):
+            heap[position] = heap[child]
+            position = child
+        else:
+            break
+    heap[position] = slot
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
     """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index): a CTA's load is when
     it would free, so the tasks, longest first, each take the CTA that frees first. Empty tasks come last and add
     nothing: they all go to the CTA least loaded after the others."""
-    order = np.argsort(-duration_cycles, kind="stable")
+    return _min_heap(np.asarray(duration_cycles, dtype=np.float64), grid_ctas)
+
+
+@jit
+def _min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
+    order = np.argsort(-duration_cycles, kind="mergesort")  # stable: ties keep launch order
     durations = duration_cycles[order]
-    with_work = np.count_nonzero(durations)
+    with_work = 0
+    for duration in durations:
+        with_work += duration != 0
     taken = _slots_taken(np.zeros(max(grid_ctas, 1)), durations[:with_work])
     cta = np.empty(len(order), dtype=np.int64)
-    cta[order[:with_work]] = taken[:-1]
-    cta[order[with_work:]] = taken[-1]
+    for i in range(len(order)):
+        cta[order[i]] = taken[min(i, with_work)]
     return cta
 
 

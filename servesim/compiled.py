@@ -1,0 +1,91 @@
+"""Compiled loops for the per-task work of a new kernel: decomposition, SM placement and feature reduction.
+
+A capacity search meets tens of thousands of attention kernels of a few hundred tasks each. In numpy each of them
+costs about a hundred small array operations, nearly all fixed call overhead; compiled with numba, the same
+arithmetic runs as one loop per stage. The loops compute exactly what the numpy operations they replace computed:
+every sum that numpy took pairwise (``ndarray.sum``) is taken in the same order by :func:`pairwise_sum`, and the
+others add element after element as ``np.bincount`` and ``np.add.accumulate`` do, so features, and everything
+predicted from them, do not depend on which of the two computed them.
+
+Compiled code is cached on disk beside the package (numba's ``cache=True``; or under ``NUMBA_CACHE_DIR``), so only
+the first run after an install compiles.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+#: Decorator for the compiled loops: no Python objects inside, cached on disk; a division by zero gives inf or NaN as
+#: in numpy rather than raising.
+jit = numba.njit(cache=True, error_model="numpy")
+
+#: numpy's pairwise summation (``PW_BLOCKSIZE``) sums blocks of up to this many values with 8 partial sums.
+_PAIRWISE_BLOCK = 128
+#: Enough nesting for any array (each level halves the count).
+_PAIRWISE_DEPTH = 64
+
+
+@jit
+def _block_sum(values: np.ndarray, start: int, count: int) -> float:
+    """numpy's sum of ``count <= 128`` values: in order below 8, else 8 interleaved partial sums, combined in
+    pairs, then the rest in order."""
+    if count < 8:
+        total = 0.0
+        for i in range(start, start + count):
+            total += values[i]
+        return total
+    r0, r1, r2, r3 = values[start], values[start + 1], values[start + 2], values[start + 3]
+    r4, r5, r6, r7 = values[start + 4], values[start + 5], values[start + 6], values[start + 7]
+    i = 8
+    while i < count - count % 8:
+        r0 += values[start + i]
+        r1 += values[start + i + 1]
+        r2 += values[start + i + 2]
+        r3 += values[start + i + 3]
+        r4 += values[start + i + 4]
+        r5 += values[start + i + 5]
+        r6 += values[start + i + 6]
+        r7 += values[start + i + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < count:
+        total += values[start + i]
+        i += 1
+    return total
+
+
+@jit
+def pairwise_sum(values: np.ndarray, start: int, count: int) -> float:
+    """``values[start:start + count].sum()`` as numpy computes it for a contiguous float64 array: blocks of at
+    most 128 (:func:`_block_sum`), larger runs split in two at a multiple of 8 below the middle and the halves'
+    sums added. The halving is walked with an explicit stack (numba's disk cache does not take recursion)."""
+    starts = np.empty(_PAIRWISE_DEPTH, dtype=np.int64)
+    counts = np.empty(_PAIRWISE_DEPTH, dtype=np.int64)
+    visits = np.zeros(_PAIRWISE_DEPTH, dtype=np.int64)  # halves of the run already pushed
+    sums = np.empty(_PAIRWISE_DEPTH)
+    top, done = 0, 0
+    starts[0], counts[0] = start, count
+    while top >= 0:
+        run_start, run_count = starts[top], counts[top]
+        if run_count <= _PAIRWISE_BLOCK:
+            sums[done] = _block_sum(values, run_start, run_count)
+            done += 1
+            top -= 1
+            continue
+        half = run_count // 2
+        half -= half % 8
+        if visits[top] == 2:  # both halves summed: they are the last two results
+            done -= 1
+            sums[done - 1] = sums[done - 1] + sums[done]
+            top -= 1
+            continue
+        visits[top] += 1
+        child_start = run_start if visits[top] == 1 else run_start + half
+        child_count = half if visits[top] == 1 else run_count - half
+        top += 1
+        starts[top], counts[top], visits[top] = child_start, child_count, 0
+    return 0.0 + sums[0]  # numpy's reduction starts from 0.0, which turns a -0.0 sum into 0.0
+
+
+__all__ = ["jit", "pairwise_sum"]

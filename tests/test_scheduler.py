@@ -88,6 +88,13 @@ def test_min_heap_assigns_runs_of_equal_tasks_exactly_as_one_at_a_time(durations
     assert min_heap(d, ctas).tolist() == _least_loaded_one_task_at_a_time(d, ctas)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1e-3, 0.5, 3.25, 7.0]), max_size=60), st.integers(1, 8), st.integers(1, 40))
+def test_min_heap_of_repeated_blocks_sorts_one_block_to_the_same_assignment(block, repeats, ctas):
+    d = np.tile(np.array(block), repeats)
+    assert min_heap(d, ctas, repeats).tolist() == _least_loaded_one_task_at_a_time(d, ctas)
+
+
 def test_partitions_cover_every_task_exactly_once():
     kernels = [Gemm(m=1000, n=3000, k=1000),
                AttentionPrefill(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8,

@@ -74,61 +74,87 @@ def _round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -
 def _slots_taken(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
     """The slot each task of ``later_cycles`` takes, in turn the one that frees first (ties: lowest slot), with slot
     j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all. A binary heap
-    of the slots ordered by (free time, slot)."""
-    finish = first_cycles.copy()
-    slots = len(finish)
-    heap = np.arange(slots)
-    for position in range(slots // 2 - 1, -1, -1):
-        _sift_down(heap, finish, position)
+    of (free time, slot) pairs."""
+    free_s = first_cycles.copy()  # the heap's free times, and the slots beside them
+    slot_at = np.arange(len(free_s))
+    for position in range(len(free_s) // 2 - 1, -1, -1):
+        _sift_down(free_s, slot_at, position, free_s[position], slot_at[position])
     taken = np.empty(len(later_cycles) + 1, dtype=np.int64)
     for i in range(len(later_cycles)):
-        slot = heap[0]
+        slot = slot_at[0]
         taken[i] = slot
-        finish[slot] = finish[slot] + later_cycles[i]
-        _sift_down(heap, finish, 0)
-    taken[-1] = heap[0]
+        _sift_down(free_s, slot_at, 0, free_s[0] + later_cycles[i], slot)
+    taken[-1] = slot_at[0]
     return taken
 
 
 @jit
-def _sift_down(heap: np.ndarray, finish: np.ndarray, position: int) -> None:
-    """Restore the heap order below ``position`` (the slot there may free later than its children)."""
-    slot = heap[position]
-    size = len(heap)
+def _sift_down(free_s: np.ndarray, slot_at: np.ndarray, position: int, free: float, slot: int) -> None:
+    """Put the pair (``free``, ``slot``) at ``position`` of the heap and move it down to where it belongs."""
+    size = len(free_s)
     while True:
         child = 2 * position + 1
         if child >= size:
             break
+        child_free, child_slot = free_s[child], slot_at[child]
         other = child + 1
-        if other < size and (finish[heap[other]], heap[other]) < (finish[heap[child]], heap[child]):
-            child = other
-        if (finish[heap[child]], heap[child]) < (finish[slot], slot):
-            heap[position] = heap[child]
+        if other < size and (free_s[other] < child_free or (free_s[other] == child_free and slot_at[other] < child_slot)):
+            child, child_free, child_slot = other, free_s[other], slot_at[other]
+        if child_free < free or (child_free == free and child_slot < slot):
+            free_s[position], slot_at[position] = child_free, child_slot
             position = child
         else:
             break
-    heap[position] = slot
+    free_s[position], slot_at[position] = free, slot
 
 
-def min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
+def min_heap(duration_cycles: np.ndarray, grid_ctas: int, repeats: int = 1) -> np.ndarray:
     """CTA of each task under longest-first least-loaded assignment (ties: lowest CTA index): a CTA's load is when
     it would free, so the tasks, longest first, each take the CTA that frees first. Empty tasks come last and add
-    nothing: they all go to the CTA least loaded after the others."""
-    return _min_heap(np.asarray(duration_cycles, dtype=np.float64), grid_ctas)
+    nothing: they all go to the CTA least loaded after the others. ``repeats``: the tasks are that many copies of
+    one block (attention's heads), whose order is then sorted once."""
+    return _min_heap(np.asarray(duration_cycles, dtype=np.float64), grid_ctas, repeats)
 
 
 @jit
-def _min_heap(duration_cycles: np.ndarray, grid_ctas: int) -> np.ndarray:
-    order = np.argsort(-duration_cycles, kind="mergesort")  # stable: ties keep launch order
+def _min_heap(duration_cycles: np.ndarray, grid_ctas: int, repeats: int) -> np.ndarray:
+    order = _longest_first(duration_cycles, repeats)
     durations = duration_cycles[order]
     with_work = 0
     for duration in durations:
         with_work += duration != 0
-    taken = _slots_taken(np.zeros(max(grid_ctas, 1)), durations[:with_work])
+    # Every CTA is empty at first, so the first wave of tasks takes CTA i for task i (ties: lowest CTA).
+    first = min(with_work, grid_ctas)
+    loads = np.zeros(max(grid_ctas, 1))
+    loads[:first] = durations[:first]
+    taken = _slots_taken(loads, durations[first:with_work])
     cta = np.empty(len(order), dtype=np.int64)
     for i in range(len(order)):
-        cta[order[i]] = taken[min(i, with_work)]
+        cta[order[i]] = i if i < first else taken[min(i, with_work) - first]
     return cta
+
+
+@jit
+def _longest_first(duration_cycles: np.ndarray, repeats: int) -> np.ndarray:
+    """Task indices by decreasing duration, ties in launch order (a stable sort). For ``repeats`` copies of one
+    block the block is sorted alone: equal durations then come copy after copy, each copy's in block order."""
+    block = len(duration_cycles) // repeats
+    block_order = np.argsort(-duration_cycles[:block], kind="mergesort")
+    if repeats == 1:
+        return block_order
+    order = np.empty(len(duration_cycles), dtype=np.int64)
+    i = run_start = 0
+    while run_start < block:
+        run_end = run_start + 1
+        value = duration_cycles[block_order[run_start]]
+        while run_end < block and duration_cycles[block_order[run_end]] == value:
+            run_end += 1
+        for repeat in range(repeats):
+            for j in range(run_start, run_end):
+                order[i] = block_order[j] + repeat * block
+                i += 1
+        run_start = run_end
+    return order
 
 
 def static_persistent(n_tasks: int, grid_ctas: int) -> np.ndarray:
@@ -143,7 +169,7 @@ def schedule(launch: Launch, gpu: GpuSpec) -> Partition:
     if launch.policy == ROUND_ROBIN:
         sm = round_robin(durations, gpu.sm_count, ctas_per_sm)
     elif launch.policy == MIN_HEAP:
-        sm = min_heap(durations, launch.grid_ctas) % gpu.sm_count
+        sm = min_heap(durations, launch.grid_ctas, launch.tasks.repeats) % gpu.sm_count
     elif launch.policy == STATIC_PERSISTENT:
         sm = static_persistent(len(durations), launch.grid_ctas) % gpu.sm_count
     else:

@@ -98,7 +98,8 @@ def _sift_down(free_s: np.ndarray, slot_at: np.ndarray, position: int, free: flo
             break
         child_free, child_slot = free_s[child], slot_at[child]
         other = child + 1
-        if other < size and (free_s[other] < child_free or (free_s[other] == child_free and slot_at[other] < child_slot)):
+        if other < size and (free_s[other] < child_free
+                             or (free_s[other] == child_free and slot_at[other] < child_slot)):
             child, child_free, child_slot = other, free_s[other], slot_at[other]
         if child_free < free or (child_free == free and child_slot < slot):
             free_s[position], slot_at[position] = child_free, child_slot

@@ -14,9 +14,11 @@ or a relaunch the KV pool cannot hold (the scheduler then preempts or retracts).
 flight then carry new :class:`Step` objects, which the simulator schedules as completion events in place of the
 old ones. The replica keeps each such micro-batch's state (relaunches left before a request finishes, the block
 pattern from its next launch on), so that the next run, after the outside event, starts from it without reading
-every request again; a request cannot change while its micro-batch is in flight. A micro-batch alone in flight is
-relaunched a span of contexts at a time in arrays. Arithmetic follows the stepping path operation for operation, so
-token times and step records are identical (tests/test_serving_simulator.py checks it).
+every request again; a request cannot change while its micro-batch is in flight. The relaunches run in a compiled
+loop over arrays of the micro-batches' state, which hands back to Python only for a step time it has not got (a
+micro-batch's mean context leaving its decode span) and to pass on its records. Arithmetic follows the stepping
+path operation for operation, so token times and step records are identical (tests/test_serving_simulator.py
+checks it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.serving.state import Step
+from servesim.compiled import jit
+from servesim.serving.state import STEP_LOG_COLUMNS, Step, StepLog
 from servesim.serving.step_cache import DecodeSpan, decode_span_at
 
 if TYPE_CHECKING:
@@ -60,7 +63,7 @@ def _batches(replica: _Replica, flights: list[tuple[float, Step]]) -> deque[Rela
                  for end_s, step in flights)  # in the order they end: the pipeline is first in, first out
 
 
-def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[tuple[float, Step]]:
+def fast_forward(replica: _Replica, horizon_s: float, log: StepLog) -> list[tuple[float, Step]]:
     """Relaunch the replica's in-flight decode micro-batches until one must go through the simulator (see the
     module docstring). Returns the ``(end_s, step)`` of micro-batches that replace in-flight ones, in the order
     they end, and updates ``replica.flights``; empty when nothing moved."""
@@ -74,10 +77,7 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
     if not scheduler.steady_decode(sizes):
         return []
     queue = _batches(replica, flights)  # none relaunched yet: each batch's times_s is empty
-    if _long_and_alone(replica, queue, horizon_s):
-        _relaunch_alone(replica, queue[0], horizon_s, log)
-    else:
-        _relaunch_in_turn(replica, queue, horizon_s, log)
+    _relaunch(replica, queue, horizon_s, log)
     replaced = []
     for batch in queue:
         if batch.times_s:
@@ -89,45 +89,56 @@ def fast_forward(replica: _Replica, horizon_s: float, log: list[tuple]) -> list[
     return replaced
 
 
-def _relaunch_in_turn(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, log: list[tuple]) -> None:
+def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, log: StepLog) -> None:
     """Relaunch the micro-batches of ``queue`` one after another, each as it ends (the pipeline is first in, first
-    out), while none must go through the simulator; each relaunch's end is appended to its batch's ``times_s``."""
+    out), while none must go through the simulator; each relaunch's start is appended to its batch's ``times_s``
+    and its record to ``log``. The relaunches run in :func:`_relaunch_loop`, which hands back to this function
+    whenever a batch's mean context leaves its decode span (a step time to look up or predict) or its record
+    buffer is full."""
     scheduler = replica.scheduler
-    occupy = replica.occupy
-    index = replica.index
-    unit = scheduler.kv_unit_tokens
-    free = scheduler.free
-    kv_used = scheduler.kv_used_tokens
+    if not _relaunches(queue[0], horizon_s, scheduler.free):
+        return
+    batches = list(queue)
+    pp = replica.pp
+    ends_s = np.array([batch.end_s for batch in batches])
+    counts = np.array([(len(batch.times_s), batch.limit, batch.step.num_decodes, batch.context_tokens,
+                        batch.max_context) for batch in batches], dtype=np.int64)  # as _relaunch_loop reads them
+    pattern = np.array([batch.blocks for batch in batches], dtype=np.int64)
+    span_bounds = np.full((len(batches), 2), -1, dtype=np.int64)  # (low context, span); -1: none loaded
+    span_times_us = np.empty((len(batches), 2 + 2 * pp))
+    for b, batch in enumerate(batches):
+        if batch.span is not None:
+            _load_span(span_bounds, span_times_us, b, batch.span)
+    host_s = np.array([replica.cpu_free_s, *replica.stage_free_s])
+    pool = np.array([0, scheduler.free, scheduler.kv_used_tokens, scheduler.kv_unit_tokens, 0])
+    rows = np.empty((_RECORDS, len(STEP_LOG_COLUMNS)))  # the step log's rows of the relaunches
+    launched_s = np.empty(_RECORDS)  # when each relaunched batch was launched (its previous end)
+    which = np.empty(_RECORDS, dtype=np.int64)  # and which batch it was
     launches = 0
     while True:
-        batch = queue[0]
-        end_s = batch.end_s
-        times_s = batch.times_s
-        if end_s >= horizon_s or len(times_s) >= batch.limit:  # _relaunches, inlined: this runs every relaunch
+        status, b = _relaunch_loop(replica.index, ends_s, counts, pattern, span_bounds, span_times_us, host_s, pool,
+                                   rows, launched_s, which, horizon_s)
+        records = int(pool[4])
+        launches += records
+        log.extend(rows[:records].copy())
+        for other, batch in enumerate(batches):
+            batch.times_s.extend((launched_s[:records] if len(batches) == 1
+                                  else launched_s[:records][which[:records] == other]).tolist())
+        if status == _SPAN_NEEDED:
+            batch = batches[b]
+            size = int(counts[b, 2])
+            batch.span = decode_span_at(replica.step_model, size, int(counts[b, 3]) // size, int(counts[b, 4]))
+            _load_span(span_bounds, span_times_us, b, batch.span)
+        elif status == _STOPPED:
             break
-        blocks = batch.blocks[len(times_s) % len(batch.blocks)]
-        if blocks > free:
-            break
-        launches += 1
-        queue.popleft()
-        times_s.append(end_s)
-        free -= blocks
-        kv_used += blocks * unit
-        size = batch.step.num_decodes
-        context = batch.context_tokens // size
-        # The longest and the mean context both grow by one a relaunch: the spread, hence the span, stays until
-        # the mean leaves it.
-        span = batch.span
-        if span is None or not span.covers(context):
-            span = batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
-        overhead_us, stages_us = span.at(context)
-        start_s, batch.end_s = occupy(end_s, overhead_us, stages_us)
-        log.append((index, start_s, batch.end_s, size, size, 0, size, kv_used))
-        batch.context_tokens += size
-        batch.max_context += 1
-        queue.append(batch)
-    scheduler.free = free
-    scheduler.decode_launched(launches)  # nothing here reads what it updates
+    for b, batch in enumerate(batches):
+        batch.end_s = float(ends_s[b])
+        batch.context_tokens, batch.max_context = int(counts[b, 3]), int(counts[b, 4])
+    queue.rotate(-int(pool[0]))  # the next to end first
+    scheduler.free = int(pool[1])
+    scheduler.decode_launched(launches)
+    replica.cpu_free_s = float(host_s[0])
+    replica.stage_free_s = host_s[1:].tolist()
 
 
 def _relaunches(batch: RelaunchBatch, horizon_s: float, free: int) -> bool:
@@ -138,60 +149,72 @@ def _relaunches(batch: RelaunchBatch, horizon_s: float, free: int) -> bool:
     return batch.blocks[len(batch.times_s) % len(batch.blocks)] <= free
 
 
-LONG_RUN_STEPS = 16
+#: Relaunch records :func:`_relaunch_loop` buffers before handing back.
+_RECORDS = 1024
+#: Why :func:`_relaunch_loop` handed back.
+_STOPPED, _SPAN_NEEDED, _BUFFER_FULL = 0, 1, 2
 
 
-def _long_and_alone(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float) -> bool:
-    """Whether one micro-batch is in flight with room for about :data:`LONG_RUN_STEPS` relaunches of its GPU time
-    before the horizon: below that the arrays of :func:`_relaunch_alone` cost more than relaunching one by one.
-    Either path gives the same result."""
-    if len(queue) != 1:
-        return False
-    end_s = queue[0].end_s
-    return horizon_s - end_s > LONG_RUN_STEPS * (end_s - replica.cpu_free_s)
+def _load_span(span_bounds: np.ndarray, span_times_us: np.ndarray, b: int, span: DecodeSpan) -> None:
+    """Batch ``b``'s decode span as :func:`_relaunch_loop` reads it."""
+    span_bounds[b] = span.low_context, span.span
+    span_times_us[b] = (span.overhead_us, span.overhead_delta_us, *span.stage_us, *span.stage_delta_us)
 
 
-def _relaunch_alone(replica: _Replica, batch: RelaunchBatch, horizon_s: float, log: list[tuple]) -> None:
-    """:func:`_relaunch_in_turn` for the one micro-batch in flight, a span of relaunches at a time in arrays.
+@jit
+def _relaunch_loop(replica: int, ends_s: np.ndarray, counts: np.ndarray, pattern: np.ndarray,
+                   span_bounds: np.ndarray, span_times_us: np.ndarray, host_s: np.ndarray, pool: np.ndarray,
+                   rows: np.ndarray, launched_s: np.ndarray, which: np.ndarray, horizon_s: float) -> tuple[int, int]:
+    """Relaunch batches in turn from ``pool[0]`` on, as :func:`_relaunch` describes, updating the arrays in place:
+    ``counts`` rows are (relaunches so far, limit, decodes, context tokens, longest context), ``host_s`` the host's
+    and then each stage's free time, ``pool`` (next batch, free KV units, KV in use, tokens per unit, relaunches
+    buffered); each relaunch's step-log row goes to ``rows``, its batch's launch time to ``launched_s`` and the batch
+    to ``which``. Returns why it stopped and the batch it stopped at.
 
-    Alone in the pipeline, a relaunch starts as the batch ends (only its own launch used the host and the stages
-    since, and it has left them), so each end time is the previous one plus the host overhead, then each stage's
-    time, added in that order: one running sum (``np.add.accumulate`` adds in order, as the scalar path does).
-    Relaunches are cut where one would start at or after the horizon, would pass the batch's limit, or would not
-    fit the pool's free units."""
-    scheduler = replica.scheduler
-    index = replica.index
-    size = batch.step.num_decodes
-    pattern = np.array(batch.blocks)
-    while _relaunches(batch, horizon_s, scheduler.free):
-        done = len(batch.times_s)
-        context = batch.context_tokens // size
-        if batch.span is None or not batch.span.covers(context):
-            batch.span = decode_span_at(replica.step_model, size, context, batch.max_context)
-        span = batch.span
-        # Relaunches the span covers from here, up to the limit.
-        count = min(span.low_context + span.span - context if span.span else 1, batch.limit - done)
-        overhead_us, stages_us = span.at_contexts(np.arange(context, context + count))
-        increments = np.empty((count, 1 + stages_us.shape[1]))
-        increments[:, 0] = overhead_us * 1e-6
-        increments[:, 1:] = stages_us * 1e-6
-        times = np.add.accumulate(np.concatenate(([batch.end_s], increments.ravel())))[1:].reshape(increments.shape)
-        ends = times[:, -1]
-        starts = np.concatenate(([batch.end_s], ends[:-1]))
-        taken = np.cumsum(pattern[(done + np.arange(count)) % len(pattern)])
-        fitting = int(np.searchsorted(taken, scheduler.free, "right"))
-        count = min(count, int(np.searchsorted(starts, horizon_s)), fitting)
-        kv_used = (scheduler.kv_used_tokens + taken[:count] * scheduler.kv_unit_tokens).tolist()
-        log.extend((index, start_s, end_s, size, size, 0, size, kv) for start_s, end_s, kv in
-                   zip(starts[:count].tolist(), ends[:count].tolist(), kv_used))
-        batch.times_s.extend(starts[:count].tolist())
-        scheduler.free -= int(taken[count - 1])
-        scheduler.decode_launched(count)
-        replica.cpu_free_s = float(times[count - 1, 0])
-        replica.stage_free_s = times[count - 1, 1:].tolist()
-        batch.end_s = float(ends[count - 1])
-        batch.context_tokens += size * count
-        batch.max_context += count
+    The arithmetic is the simulator's, operation for operation: a step's time from its decode span
+    (``DecodeSpan.at``), then the host and the stages occupied in turn (``_Replica.occupy``)."""
+    batches, stages = len(ends_s), len(host_s) - 1
+    b, free, kv_used, unit = pool[0], pool[1], pool[2], pool[3]
+    records, status = 0, _STOPPED
+    while True:
+        end_s = ends_s[b]
+        done, limit, size = counts[b, 0], counts[b, 1], counts[b, 2]
+        if end_s >= horizon_s or done >= limit:  # the same test as _relaunches
+            break
+        blocks = pattern[b, done % pattern.shape[1]]
+        if blocks > free:
+            break
+        context = counts[b, 3] // size
+        low, span = span_bounds[b, 0], span_bounds[b, 1]
+        if span < 0 or not (low <= context < low + span or context == low):  # DecodeSpan.covers
+            status = _SPAN_NEEDED
+            break
+        if records == len(which):
+            status = _BUFFER_FULL
+            break
+        free -= blocks
+        kv_used += blocks * unit
+        weight = 0.0 if context == low else (context - low) / span
+        overhead_us = span_times_us[b, 0] if context == low else span_times_us[b, 0] + weight * span_times_us[b, 1]
+        start_s = end_s if end_s > host_s[0] else host_s[0]
+        t_s = host_s[0] = start_s + overhead_us * 1e-6
+        for stage in range(stages):
+            stage_us = span_times_us[b, 2 + stage]
+            if context != low:
+                stage_us = stage_us + weight * span_times_us[b, 2 + stages + stage]
+            t_s = host_s[1 + stage] = (t_s if t_s > host_s[1 + stage] else host_s[1 + stage]) + stage_us * 1e-6
+        row = rows[records]  # as the simulator logs a launch: (replica, start, end, requests, tokens, prefill
+        row[0], row[1], row[2], row[3] = replica, start_s, t_s, size  # tokens, decodes, KV in use)
+        row[4], row[5], row[6], row[7] = size, 0, size, kv_used
+        launched_s[records], which[records] = end_s, b
+        records += 1
+        ends_s[b] = t_s
+        counts[b, 0] += 1
+        counts[b, 3] += size
+        counts[b, 4] += 1
+        b = (b + 1) % batches
+    pool[0], pool[1], pool[2], pool[4] = b, free, kv_used, records
+    return status, b
 
 
 def _commit(batch: RelaunchBatch, scheduler) -> None:

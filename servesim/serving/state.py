@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 
 
@@ -92,3 +94,36 @@ def finish_step(step: Step, end_s: float) -> list[RequestState]:
             if req.generated == req.output:
                 finished.append(req)
     return finished
+
+
+#: Columns of a :class:`StepLog` row.
+STEP_LOG_COLUMNS = ("replica", "start_s", "end_s", "num_requests", "num_tokens", "prefill_tokens", "num_decodes",
+                    "kv_used_tokens")
+
+
+class StepLog:
+    """The simulator's record of every step it launched, in launch order: a row of :data:`STEP_LOG_COLUMNS` per
+    step, appended one at a time by the event loop (``append``, a tuple) and as arrays of many rows by
+    fast-forward (:meth:`extend`), so that a decode stretch's steps are never made into tuples."""
+
+    __slots__ = ("_rows", "_blocks", "append")
+
+    def __init__(self) -> None:
+        self._rows: list[tuple] = []
+        self._blocks: list[tuple[int, np.ndarray]] = []  # (rows appended before it, its rows)
+        self.append = self._rows.append
+
+    def extend(self, rows: np.ndarray) -> None:
+        """Rows of many steps, an array of :data:`STEP_LOG_COLUMNS` columns (taken over, not copied)."""
+        self._blocks.append((len(self._rows), rows))
+
+    def rows(self) -> np.ndarray:
+        """Every row in launch order, float64 (counts are exact in it)."""
+        width = len(STEP_LOG_COLUMNS)
+        appended = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), width)
+        pieces, done = [], 0
+        for before, block in self._blocks:
+            pieces += [appended[done:before], block]
+            done = before
+        pieces.append(appended[done:])
+        return np.concatenate(pieces) if len(pieces) > 1 else appended

@@ -85,7 +85,9 @@ def _demand_columns(sm: np.ndarray, total: np.ndarray, rates: np.ndarray, sm_cou
     the busiest SM's and the GPU's demand (a row per pipe of :data:`PIPES`; for a batch of kernels, a column per
     kernel) and the pipes' rates (:func:`pipe_rate_vector`)."""
     per_pipe = rates.reshape(len(PIPES), *(1,) * (sm.ndim - 1))
-    return np.stack((sm, sm / per_pipe, total, total / (per_pipe * sm_count)), axis=1).reshape(-1, *sm.shape[1:])
+    columns = np.empty((len(PIPES), 4, *sm.shape[1:]))
+    columns[:, 0], columns[:, 1], columns[:, 2], columns[:, 3] = sm, sm / per_pipe, total, total / (per_pipe * sm_count)
+    return columns.reshape(-1, *sm.shape[1:])
 
 
 #: The busiest SM's cycles of each pipe among :func:`_demand_columns`' rows (the second of each pipe's four).
@@ -167,12 +169,14 @@ def combine(per_launch: Sequence[np.ndarray], gpu: GpuSpec, tensor_dtype: str) -
 
 
 @lru_cache(maxsize=65536)
-def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> tuple[float, ...]:
+def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> np.ndarray:
     # The features are memoised here, so the launches (task arrays of up to millions of rows) are not kept in
-    # decompose's own cache: thousands of distinct attention kernels would hold gigabytes.
+    # decompose's own cache: thousands of distinct attention kernels would hold gigabytes. Read-only: shared.
     launches = decompose.__wrapped__(kernel, gpu)
     per_launch = [launch_features(launch, schedule(launch, gpu), gpu) for launch in launches]
-    return tuple(combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "").tolist())
+    feats = combine(per_launch, gpu, kernel.dtype if kernel.category in _TENSOR_CATEGORIES else "")
+    feats.flags.writeable = False
+    return feats
 
 
 _TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe")
@@ -268,7 +272,7 @@ def clear_feature_cache() -> None:
 
 def features_of(kernel: Kernel, gpu: GpuSpec) -> dict[str, float]:
     """One kernel's features through decomposition and scheduling (the explain path)."""
-    return dict(zip(FEATURE_NAMES, _kernel_features_cached(kernel, gpu)))
+    return dict(zip(FEATURE_NAMES, _kernel_features_cached(kernel, gpu).tolist()))
 
 
 def roofline_time_us(kernel: Kernel, gpu: GpuSpec) -> float:

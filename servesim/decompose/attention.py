@@ -21,10 +21,11 @@ from servesim.decompose.launch import (
     ROUND_ROBIN,
     Launch,
     LaunchConfig,
+    TaskSet,
+    task_arrays,
     cold_bytes,
     occupancy,
     pipe_rate_vector,
-    task_set,
 )
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
@@ -177,20 +178,36 @@ def _attention_demand(per_unit: np.ndarray, rows: np.ndarray, pairs: np.ndarray,
     return useful, issued
 
 
-def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: tuple[np.ndarray, ...], rows,
-                 pairs, keys, blocks, notes: tuple[str, ...]) -> Launch:
-    """The launch of ``heads`` repeats of one head's tasks (``dims`` and the work arrays)."""
-    rates = pipe_rate_vector(gpu, kernel.dtype)
+def _task_inputs(kernel, gpu: GpuSpec, tile: AttentionTile) -> tuple[np.ndarray, np.ndarray, float]:
+    """What :func:`_attention_tasks` needs of the kernel and GPU: the demand per unit of work
+    (:func:`_demand_per_unit`), the pipes' rates and the kernel's cold DRAM bytes."""
     per_unit = _demand_per_unit(kernel.head_dim, dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype),
                                 tile.kv_readers)
-    useful, issued = _attention_demand(per_unit, rows, pairs, keys, blocks, tile.block_m, tile.block_n)
-    tasks = task_set(("request", "head", "tile", "split", "rows", "keys"), dims, useful, rates, issued, heads, "head",
-                     cold_dram_bytes=cold_bytes(kernel))
+    return per_unit, pipe_rate_vector(gpu, kernel.dtype), cold_bytes(kernel)
+
+
+@jit
+def _attention_tasks(per_unit: np.ndarray, rows: np.ndarray, pairs: np.ndarray, keys: np.ndarray,
+                     blocks: np.ndarray, block_m: int, block_n: int, rates: np.ndarray, heads: int,
+                     cold_dram_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every head's task demand and durations (:func:`task_set`'s arrays) from one head's tiles."""
+    useful, issued = _attention_demand(per_unit, rows, pairs, keys, blocks, block_m, block_n)
+    return task_arrays(useful, issued, rates, heads, cold_dram_bytes, True)
+
+
+def _make_launch(kernel, gpu: GpuSpec, tile: AttentionTile, name: str, heads: int, dims: tuple[np.ndarray, ...],
+                 demand_by_pipe: np.ndarray, duration_cycles: np.ndarray, notes: tuple[str, ...]) -> Launch:
+    """The launch of ``heads`` repeats of one head's tasks (``dims``), their arrays from :func:`_attention_tasks`."""
+    tasks = TaskSet(_DIM_NAMES, dims, demand_by_pipe, duration_cycles, heads, "head")
     config = LaunchConfig(tile.threads, tile.registers, tile.smem_bytes)
     grid = tasks.size
     if tile.persistent:
         grid = min(grid, gpu.sm_count * occupancy(config, gpu).ctas_per_sm)
     return Launch(name, config, tasks, MIN_HEAP if tile.persistent else ROUND_ROBIN, grid, kernel.dtype, notes)
+
+
+#: An attention task's dimensions.
+_DIM_NAMES = ("request", "head", "tile", "split", "rows", "keys")
 
 
 def _head_dims(request, tile_idx, split, rows, keys) -> tuple[np.ndarray, ...]:
@@ -219,7 +236,6 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
     sm90 = gpu.compute_capability.startswith("9")
     if backend == "fa2":
         tile, pack, heads = _fa2_tile(kernel.head_dim, elem, gpu.max_smem_per_cta_kib * 1024), 1, kernel.num_heads
-        tiles_per_req = np.full_like(q, -(-int(q.max()) // tile.block_m))
     else:
         if backend == "fa3" or sm90:
             paged_non_tma = kernel.kv_layout == "paged"
@@ -227,14 +243,30 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
         else:
             tile = _flashinfer_fa2_tile(float(q.mean()) * group, kernel.head_dim, elem)
         pack, heads = group, kernel.num_kv_heads
-        tiles_per_req = -(-(q * pack) // tile.block_m)
     # Launch order: tiles fastest, then requests, then heads (grid x, y, z); every head runs the same tiles.
-    req, tile_idx, rows, pairs, keys, blocks = _prefill_tiles(q, kv, tiles_per_req, tile.block_m, tile.block_n,
-                                                              pack, kernel.causal)
+    req, tile_idx, rows, keys, demand, duration = _prefill_tasks(q, kv, backend == "fa2", tile.block_m, tile.block_n,
+                                                                 pack, kernel.causal, heads,
+                                                                 *_task_inputs(kernel, gpu, tile))
     dims = _head_dims(req, tile_idx, np.zeros_like(req), rows, keys)
     name = f"{kernel.backend} prefill"
     notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else ""),)
-    return (_make_launch(kernel, gpu, tile, name, heads, dims, rows, pairs, keys, blocks, notes),)
+    return (_make_launch(kernel, gpu, tile, name, heads, dims, demand, duration, notes),)
+
+
+@jit
+def _prefill_tasks(q: np.ndarray, kv: np.ndarray, grid_by_longest: bool, block_m: int, block_n: int, group: int,
+                   causal: bool, heads: int, per_unit: np.ndarray, rates: np.ndarray,
+                   cold_dram_bytes: float) -> tuple[np.ndarray, ...]:
+    """One head's prefill tiles (:func:`_prefill_tiles`: request, tile, rows, keys) and every head's demand and
+    durations (:func:`_attention_tasks`). Each request has ``ceil(q * group / block_m)`` tiles, or with
+    ``grid_by_longest`` (FA2's grid) as many as the longest request."""
+    tiles_per_req = -(-(q * group) // block_m)
+    if grid_by_longest:
+        tiles_per_req[:] = tiles_per_req.max()
+    request, tile, rows, pairs, keys, blocks = _prefill_tiles(q, kv, tiles_per_req, block_m, block_n, group, causal)
+    demand, duration = _attention_tasks(per_unit, rows, pairs, keys, blocks, block_m, block_n, rates, heads,
+                                        cold_dram_bytes)
+    return request, tile, rows, keys, demand, duration
 
 
 def fa2_num_splits(blocks_x_heads_x_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
@@ -350,12 +382,24 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
         chunk_keys = blocks_per_split * tile.block_n
         chunks = np.full_like(kv, choice)
         splits_label = f"{choice} KV splits"
-    req, split, rows, keys, blocks = _decode_chunks(kv, chunks, chunk_keys, group, tile.block_n)
     heads = kernel.num_kv_heads
+    req, split, rows, keys, demand, duration = _decode_tasks(kv, chunks, chunk_keys, group, tile.block_m,
+                                                             tile.block_n, heads, *_task_inputs(kernel, gpu, tile))
     dims = _head_dims(req, np.zeros_like(req), split, rows, keys)
     notes = (f"tile {tile.block_m}x{tile.block_n}, {splits_label}",)
-    return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", heads, dims, rows, rows * keys, keys, blocks,
-                         notes),)
+    return (_make_launch(kernel, gpu, tile, f"{kernel.backend} decode", heads, dims, demand, duration, notes),)
+
+
+@jit
+def _decode_tasks(kv: np.ndarray, chunks: np.ndarray, chunk_keys: int, group: int, block_m: int, block_n: int,
+                  heads: int, per_unit: np.ndarray, rates: np.ndarray,
+                  cold_dram_bytes: float) -> tuple[np.ndarray, ...]:
+    """One KV head's decode tasks (:func:`_decode_chunks`: request, piece, rows, keys) and every head's demand and
+    durations (:func:`_attention_tasks`); a task scores each of its rows against each of its keys."""
+    request, split, rows, keys, blocks = _decode_chunks(kv, chunks, chunk_keys, group, block_n)
+    demand, duration = _attention_tasks(per_unit, rows, rows * keys, keys, blocks, block_m, block_n, rates, heads,
+                                        cold_dram_bytes)
+    return request, split, rows, keys, demand, duration
 
 
 @jit

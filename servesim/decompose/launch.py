@@ -203,13 +203,13 @@ def task_set(
     useful = _by_pipe(demand, block)
     timed = useful if issued is None else _by_pipe(issued, block)
     spread = cold_dram_bytes is not None
-    every, duration = _task_arrays(useful, timed, rates, repeats, cold_dram_bytes if spread else 0.0, spread)
+    every, duration = task_arrays(useful, timed, rates, repeats, cold_dram_bytes if spread else 0.0, spread)
     return TaskSet(dim_names, tuple(dims), every, duration, repeats, repeat_dim)
 
 
 @jit
-def _task_arrays(useful: np.ndarray, timed: np.ndarray, rates: np.ndarray, repeats: int, cold_dram_bytes: float,
-                 spread: bool) -> tuple[np.ndarray, np.ndarray]:
+def task_arrays(useful: np.ndarray, timed: np.ndarray, rates: np.ndarray, repeats: int, cold_dram_bytes: float,
+                spread: bool) -> tuple[np.ndarray, np.ndarray]:
     """:func:`task_set`'s arrays: the useful demand of every repeat (``repeats`` copies of ``useful`` side by side),
     with ``spread`` the DRAM rows of it and of ``timed`` (changed in place) set to their L2 rows times
     :func:`dram_fraction` of ``cold_dram_bytes`` over every repeat's L2 demand, and each task's duration, its

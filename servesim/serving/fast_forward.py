@@ -99,41 +99,42 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     if not _relaunches(queue[0], horizon_s, scheduler.free):
         return
     batches = list(queue)
-    pp = replica.pp
-    ends_s = np.array([batch.end_s for batch in batches])
-    counts = np.array([(len(batch.times_s), batch.limit, batch.step.num_decodes, batch.context_tokens,
-                        batch.max_context) for batch in batches], dtype=np.int64)  # as _relaunch_loop reads them
+    no_span = (-1, -1, *(0.0,) * (2 + 2 * replica.pp))
+    # Per batch, as _relaunch_loop reads them: (relaunches so far, limit, decodes, context tokens, longest context,
+    # its span's low context and length) and (end, host overhead and stage times at the span's low context, and
+    # their deltas to its next grid context).
+    state = [(len(batch.times_s), batch.limit, batch.step.num_decodes, batch.context_tokens, batch.max_context,
+              *(_span_row(batch.span) if batch.span is not None else no_span)) for batch in batches]
+    counts = np.array([row[:7] for row in state], dtype=np.int64)
+    times = np.array([(batch.end_s, *row[7:]) for batch, row in zip(batches, state)])
     pattern = np.array([batch.blocks for batch in batches], dtype=np.int64)
-    span_bounds = np.full((len(batches), 2), -1, dtype=np.int64)  # (low context, span); -1: none loaded
-    span_times_us = np.empty((len(batches), 2 + 2 * pp))
-    for b, batch in enumerate(batches):
-        if batch.span is not None:
-            _load_span(span_bounds, span_times_us, b, batch.span)
     host_s = np.array([replica.cpu_free_s, *replica.stage_free_s])
     pool = np.array([0, scheduler.free, scheduler.kv_used_tokens, scheduler.kv_unit_tokens, 0])
     rows = np.empty((_RECORDS, len(STEP_LOG_COLUMNS)))  # the step log's rows of the relaunches
-    launched_s = np.empty(_RECORDS)  # when each relaunched batch was launched (its previous end)
-    which = np.empty(_RECORDS, dtype=np.int64)  # and which batch it was
+    launched = np.empty((_RECORDS, 2))  # each relaunched batch's launch time (its previous end), and which it was
     launches = 0
     while True:
-        status, b = _relaunch_loop(replica.index, ends_s, counts, pattern, span_bounds, span_times_us, host_s, pool,
-                                   rows, launched_s, which, horizon_s)
+        status, b = _relaunch_loop(replica.index, counts, times, pattern, host_s, pool, rows, launched, horizon_s)
         records = int(pool[4])
         launches += records
         log.extend(rows[:records].copy())
-        for other, batch in enumerate(batches):
-            batch.times_s.extend((launched_s[:records] if len(batches) == 1
-                                  else launched_s[:records][which[:records] == other]).tolist())
+        if len(batches) == 1:
+            batches[0].times_s.extend(launched[:records, 0].tolist())
+        else:
+            for other, batch in enumerate(batches):
+                batch.times_s.extend(launched[:records, 0][launched[:records, 1] == other].tolist())
         if status == _SPAN_NEEDED:
             batch = batches[b]
             size = int(counts[b, 2])
             batch.span = decode_span_at(replica.step_model, size, int(counts[b, 3]) // size, int(counts[b, 4]))
-            _load_span(span_bounds, span_times_us, b, batch.span)
+            span = _span_row(batch.span)
+            counts[b, 5:] = span[:2]
+            times[b, 1:] = span[2:]
         elif status == _STOPPED:
             break
-    for b, batch in enumerate(batches):
-        batch.end_s = float(ends_s[b])
-        batch.context_tokens, batch.max_context = int(counts[b, 3]), int(counts[b, 4])
+    for batch, end_s, (_, _, _, context_tokens, max_context, _, _) in zip(batches, times[:, 0].tolist(),
+                                                                          counts.tolist()):
+        batch.end_s, batch.context_tokens, batch.max_context = end_s, context_tokens, max_context
     queue.rotate(-int(pool[0]))  # the next to end first
     scheduler.free = int(pool[1])
     scheduler.decode_launched(launches)
@@ -155,29 +156,29 @@ _RECORDS = 1024
 _STOPPED, _SPAN_NEEDED, _BUFFER_FULL = 0, 1, 2
 
 
-def _load_span(span_bounds: np.ndarray, span_times_us: np.ndarray, b: int, span: DecodeSpan) -> None:
-    """Batch ``b``'s decode span as :func:`_relaunch_loop` reads it."""
-    span_bounds[b] = span.low_context, span.span
-    span_times_us[b] = (span.overhead_us, span.overhead_delta_us, *span.stage_us, *span.stage_delta_us)
+def _span_row(span: DecodeSpan) -> tuple:
+    """A decode span as :func:`_relaunch_loop` reads it: its low context and length, then its times."""
+    return (span.low_context, span.span, span.overhead_us, *span.stage_us, span.overhead_delta_us,
+            *span.stage_delta_us)
 
 
 @jit
-def _relaunch_loop(replica: int, ends_s: np.ndarray, counts: np.ndarray, pattern: np.ndarray,
-                   span_bounds: np.ndarray, span_times_us: np.ndarray, host_s: np.ndarray, pool: np.ndarray,
-                   rows: np.ndarray, launched_s: np.ndarray, which: np.ndarray, horizon_s: float) -> tuple[int, int]:
-    """Relaunch batches in turn from ``pool[0]`` on, as :func:`_relaunch` describes, updating the arrays in place:
-    ``counts`` rows are (relaunches so far, limit, decodes, context tokens, longest context), ``host_s`` the host's
-    and then each stage's free time, ``pool`` (next batch, free KV units, KV in use, tokens per unit, relaunches
-    buffered); each relaunch's step-log row goes to ``rows``, its batch's launch time to ``launched_s`` and the batch
-    to ``which``. Returns why it stopped and the batch it stopped at.
+def _relaunch_loop(replica: int, counts: np.ndarray, times: np.ndarray, pattern: np.ndarray, host_s: np.ndarray,
+                   pool: np.ndarray, rows: np.ndarray, launched: np.ndarray, horizon_s: float) -> tuple[int, int]:
+    """Relaunch batches in turn from ``pool[0]`` on, as :func:`_relaunch` describes, updating the arrays in place.
+    Per batch, ``counts`` holds (relaunches so far, limit, decodes, context tokens, longest context, its decode
+    span's low context and length: -1 without one) and ``times`` (end, then :func:`_span_row`'s times); ``host_s``
+    is the host's and then each stage's free time, ``pool`` (next batch, free KV units, KV in use, tokens per unit,
+    relaunches buffered). Each relaunch's step-log row goes to ``rows``, its batch's launch time and index to
+    ``launched``. Returns why it stopped and the batch it stopped at.
 
     The arithmetic is the simulator's, operation for operation: a step's time from its decode span
     (``DecodeSpan.at``), then the host and the stages occupied in turn (``_Replica.occupy``)."""
-    batches, stages = len(ends_s), len(host_s) - 1
+    batches, stages = len(counts), len(host_s) - 1
     b, free, kv_used, unit = pool[0], pool[1], pool[2], pool[3]
     records, status = 0, _STOPPED
     while True:
-        end_s = ends_s[b]
+        end_s = times[b, 0]
         done, limit, size = counts[b, 0], counts[b, 1], counts[b, 2]
         if end_s >= horizon_s or done >= limit:  # the same test as _relaunches
             break
@@ -185,30 +186,29 @@ def _relaunch_loop(replica: int, ends_s: np.ndarray, counts: np.ndarray, pattern
         if blocks > free:
             break
         context = counts[b, 3] // size
-        low, span = span_bounds[b, 0], span_bounds[b, 1]
+        low, span = counts[b, 5], counts[b, 6]
         if span < 0 or not (low <= context < low + span or context == low):  # DecodeSpan.covers
             status = _SPAN_NEEDED
             break
-        if records == len(which):
+        if records == len(rows):
             status = _BUFFER_FULL
             break
         free -= blocks
         kv_used += blocks * unit
-        weight = 0.0 if context == low else (context - low) / span
-        overhead_us = span_times_us[b, 0] if context == low else span_times_us[b, 0] + weight * span_times_us[b, 1]
+        at_low = context == low
+        weight = 0.0 if at_low else (context - low) / span
+        overhead_us = times[b, 1] if at_low else times[b, 1] + weight * times[b, 2 + stages]
         start_s = end_s if end_s > host_s[0] else host_s[0]
         t_s = host_s[0] = start_s + overhead_us * 1e-6
         for stage in range(stages):
-            stage_us = span_times_us[b, 2 + stage]
-            if context != low:
-                stage_us = stage_us + weight * span_times_us[b, 2 + stages + stage]
+            stage_us = times[b, 2 + stage] if at_low else times[b, 2 + stage] + weight * times[b, 3 + stages + stage]
             t_s = host_s[1 + stage] = (t_s if t_s > host_s[1 + stage] else host_s[1 + stage]) + stage_us * 1e-6
         row = rows[records]  # as the simulator logs a launch: (replica, start, end, requests, tokens, prefill
         row[0], row[1], row[2], row[3] = replica, start_s, t_s, size  # tokens, decodes, KV in use)
         row[4], row[5], row[6], row[7] = size, 0, size, kv_used
-        launched_s[records], which[records] = end_s, b
+        launched[records, 0], launched[records, 1] = end_s, b
         records += 1
-        ends_s[b] = t_s
+        times[b, 0] = t_s
         counts[b, 0] += 1
         counts[b, 3] += size
         counts[b, 4] += 1

@@ -18,6 +18,7 @@ from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.serving.config import default_engine_config
 from servesim.serving.simulator import simulate
+from servesim.serving.state import STEP_LOG_COLUMNS, StepLog
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, violations_to_fail
 from servesim.workloads import Workload, build_workload
@@ -277,3 +278,18 @@ def test_request_too_long_for_the_cache_is_a_clear_error(step_models):
     workload = make_workload([1_000_000], [10])
     with pytest.raises(ServesimError, match="KV cache"):
         run(step_models, "vllm", workload)
+
+
+def test_step_log_keeps_launch_order_across_single_rows_and_fast_forwarded_blocks():
+    log = StepLog()
+    row = (0, 0.0, 1.0, 2, 9, 7, 2, 32)
+    log.append(row)
+    block = np.array([(1, 1.0, 2.0, 2, 2, 0, 2, 48), (0, 2.0, 3.0, 2, 2, 0, 2, 64)], dtype=np.float64)
+    log.extend(block)
+    log.extend(block[:0])  # a run that relaunched nothing
+    log.append((1, 3.0, 4.0, 1, 1, 0, 1, 16))
+    rows = log.rows()
+    assert rows.shape == (4, len(STEP_LOG_COLUMNS))
+    assert rows[:, STEP_LOG_COLUMNS.index("start_s")].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert rows[0].tolist() == list(row) and rows[1:3].tolist() == block.tolist()
+    assert StepLog().rows().shape == (0, len(STEP_LOG_COLUMNS))

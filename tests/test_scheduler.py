@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from servesim.decompose import decompose
 from servesim.hardware import get_gpu
 from servesim.kernels.types import AttentionPrefill, Gemm
-from servesim.scheduler import min_heap, round_robin, schedule
+from servesim.scheduler import _slots_taken_by_heap, _slots_taken_by_runs, min_heap, round_robin, schedule
 
 H100, A100 = get_gpu("H100-SXM"), get_gpu("A100-SXM-80GB")
 
@@ -93,6 +93,29 @@ def test_min_heap_assigns_runs_of_equal_tasks_exactly_as_one_at_a_time(durations
 def test_min_heap_of_repeated_blocks_sorts_one_block_to_the_same_assignment(block, repeats, ctas):
     d = np.tile(np.array(block), repeats)
     assert min_heap(d, ctas, repeats).tolist() == _least_loaded_one_task_at_a_time(d, ctas)
+
+
+def _slot_that_frees_first_one_task_at_a_time(first: np.ndarray, later: np.ndarray) -> list[int]:
+    """The definition of both schedulers' core: each task to the slot that frees first, lowest slot on ties."""
+    free = first.tolist()
+    taken = []
+    for cycles in later.tolist():
+        slot = min(range(len(free)), key=lambda j: (free[j], j))
+        taken.append(slot)
+        free[slot] += cycles
+    return taken + [min(range(len(free)), key=lambda j: (free[j], j))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.5, 7.0, 1e20, 1e20 + 2 ** 17]), min_size=1, max_size=40),
+       st.lists(st.tuples(st.sampled_from([1e-3, 0.5, 1.0, 3.25, 1e20]), st.integers(1, 60)), max_size=8))
+def test_heap_and_runs_of_equal_tasks_take_the_slots_the_definition_gives(first, runs):
+    # 1e20 + 0.5 rounds back to 1e20, so refilled slots tie with slots not yet taken
+    later = np.array([cycles for cycles, count in runs for _ in range(count)], dtype=np.float64)
+    first = np.array(first)
+    expected = _slot_that_frees_first_one_task_at_a_time(first, later)
+    assert _slots_taken_by_heap(first, later).tolist() == expected
+    assert _slots_taken_by_runs(first, later).tolist() == expected
 
 
 def test_partitions_cover_every_task_exactly_once():

@@ -73,8 +73,24 @@ def _round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -
 @jit
 def _slots_taken(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
     """The slot each task of ``later_cycles`` takes, in turn the one that frees first (ties: lowest slot), with slot
-    j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all. A binary heap
-    of (free time, slot) pairs."""
+    j busy for ``first_cycles[j]`` at the start; and last, the slot that frees first after them all.
+
+    A heap takes a task in its depth (log2 of the slots); runs of equal tasks (:func:`_slots_taken_by_runs`) take
+    a task in a few steps but each run a pass over the slots, so they win where runs average more than the slots
+    over the heap's depth: MinHeap's tasks, sorted by duration, whose heads repeat every tile. The two give the
+    same slots."""
+    slots, tasks = len(first_cycles), len(later_cycles)
+    runs = 1
+    for task in range(1, tasks):
+        runs += later_cycles[task] != later_cycles[task - 1]
+    if tasks * (np.log2(max(slots, 2)) - 1) > runs * slots:
+        return _slots_taken_by_runs(first_cycles, later_cycles)
+    return _slots_taken_by_heap(first_cycles, later_cycles)
+
+
+@jit
+def _slots_taken_by_heap(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
+    """:func:`_slots_taken` with a binary heap of (free time, slot) pairs: a task costs the heap's depth."""
     free_s = first_cycles.copy()  # the heap's free times, and the slots beside them
     slot_at = np.arange(len(free_s))
     for position in range(len(free_s) // 2 - 1, -1, -1):
@@ -107,6 +123,69 @@ def _sift_down(free_s: np.ndarray, slot_at: np.ndarray, position: int, free: flo
         else:
             break
     free_s[position], slot_at[position] = free, slot
+
+
+@jit
+def _slots_taken_by_runs(first_cycles: np.ndarray, later_cycles: np.ndarray) -> np.ndarray:
+    """:func:`_slots_taken` a run of equal tasks at a time: with the slots sorted by (free time, slot), a run's
+    tasks take the earlier of the next sorted slot and the first slot the run has refilled (refilled slots queue in
+    the order they were taken, which is their order again: each frees one task later than it was taken, and the
+    taken ones free ever later), and the queue and the slots not taken are merged back in order when the run
+    ends: a run costs its tasks plus one pass over the slots."""
+    slots = len(first_cycles)
+    sorted_slot = np.argsort(first_cycles, kind="mergesort")  # stable: equal free times by slot
+    sorted_free = first_cycles[sorted_slot]
+    queue_free, queue_slot = np.empty(slots), np.empty(slots, dtype=np.int64)  # a ring of refilled slots
+    merged_free, merged_slot = np.empty(slots), np.empty(slots, dtype=np.int64)
+    taken = np.empty(len(later_cycles) + 1, dtype=np.int64)
+    start = 0
+    while start < len(later_cycles):
+        cycles = later_cycles[start]
+        end = start + 1
+        while end < len(later_cycles) and later_cycles[end] == cycles:
+            end += 1
+        next_sorted = head = queued = 0
+        for task in range(start, end):
+            if queued and (next_sorted == slots or _before(queue_free[head], queue_slot[head],
+                                                           sorted_free[next_sorted], sorted_slot[next_sorted])):
+                free, slot = queue_free[head], queue_slot[head]
+                head = (head + 1) % slots
+                queued -= 1
+            else:
+                free, slot = sorted_free[next_sorted], sorted_slot[next_sorted]
+                next_sorted += 1
+            taken[task] = slot
+            # Queue it at the back; a refill rounded to the same free time as the slot before it goes in slot order.
+            refilled = free + cycles
+            position = (head + queued) % slots
+            queued += 1
+            while position != head:
+                before = (position - 1) % slots
+                if queue_free[before] != refilled or queue_slot[before] < slot:
+                    break
+                queue_free[position], queue_slot[position] = queue_free[before], queue_slot[before]
+                position = before
+            queue_free[position], queue_slot[position] = refilled, slot
+        for merged in range(slots):
+            if queued and (next_sorted == slots or _before(queue_free[head], queue_slot[head],
+                                                           sorted_free[next_sorted], sorted_slot[next_sorted])):
+                merged_free[merged], merged_slot[merged] = queue_free[head], queue_slot[head]
+                head = (head + 1) % slots
+                queued -= 1
+            else:
+                merged_free[merged], merged_slot[merged] = sorted_free[next_sorted], sorted_slot[next_sorted]
+                next_sorted += 1
+        sorted_free, merged_free = merged_free, sorted_free
+        sorted_slot, merged_slot = merged_slot, sorted_slot
+        start = end
+    taken[-1] = sorted_slot[0]
+    return taken
+
+
+@jit
+def _before(free: float, slot: int, other_free: float, other_slot: int) -> bool:
+    """Whether a slot that frees at ``free`` comes before the other (the earlier, then the lower slot)."""
+    return free < other_free or (free == other_free and slot < other_slot)
 
 
 def min_heap(duration_cycles: np.ndarray, grid_ctas: int, repeats: int = 1) -> np.ndarray:

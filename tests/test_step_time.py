@@ -167,17 +167,3 @@ def test_models_of_one_tp_share_layer_times_across_pipeline_depths():
     with pytest.raises(ServesimError, match="cannot share"):
         StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), get_estimator("mlp"), shares_with=first)
 
-
-def test_decode_span_gives_the_same_times_for_many_contexts_as_for_each():
-    """The fast-forward of a lone micro-batch times a span's contexts in one array operation; it must give every
-    context the very times the one-by-one path gives, or fast-forwarded runs would drift from stepped ones."""
-    rng = random.Random(0)
-    for span_width in (0, 8, 128, 1024):
-        span = step_cache.DecodeSpan(
-            low_context=4096, span=span_width, overhead_us=rng.uniform(100, 900),
-            stage_us=tuple(rng.uniform(1e3, 9e4) for _ in range(3)), overhead_delta_us=rng.uniform(-5, 5),
-            stage_delta_us=tuple(rng.uniform(-50, 500) for _ in range(3)))
-        contexts = np.arange(4096, 4096 + max(span_width, 1))
-        overhead_us, stages_us = span.at_contexts(contexts)
-        for context, overhead, stages in zip(contexts.tolist(), overhead_us.tolist(), stages_us.tolist()):
-            assert (overhead, tuple(stages)) == span.at(context)

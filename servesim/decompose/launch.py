@@ -193,7 +193,8 @@ def task_set(
     """Build a :class:`TaskSet` from each task's dimensions (``dims``, a column per name of ``dim_names``) and
     demand. A task's duration is its slowest pipe's cycles at ``rates`` (:func:`pipe_rate_vector`), taken from the
     ``issued`` demand when given (tiled kernels: the full padded tile, which is what the main loop runs) else from
-    the useful one. Demand is by pipe name, or a float64 array with a row per pipe of :data:`PIPES` (taken over, not copied).
+    the useful one. Demand is by pipe name, or a float64 array with a row per pipe of :data:`PIPES`; the one the
+    durations come from keeps its DRAM row as :func:`task_arrays` sets it.
 
     ``dims``, ``demand`` and ``issued`` may describe one block of tasks that the launch repeats ``repeats`` times
     (attention runs the same tiles for every head), numbered in the dimension ``repeat_dim``: durations are then

@@ -20,7 +20,6 @@ import numpy as np
 from servesim.compiled import jit, pairwise_sum
 from servesim.decompose import PIPES, Launch, decompose, occupancy, pipe_rate_vector
 from servesim.decompose.gemm import (
-    GemmTiling,
     full_tile_demand,
     gemm_tiling,
     scaled_mm_tiling,

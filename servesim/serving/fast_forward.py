@@ -92,9 +92,9 @@ def fast_forward(replica: _Replica, horizon_s: float, log: StepLog) -> list[tupl
 def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, log: StepLog) -> None:
     """Relaunch the micro-batches of ``queue`` one after another, each as it ends (the pipeline is first in, first
     out), while none must go through the simulator; the end of the step each relaunch follows (a token for each of
-    the batch's requests) is appended to its batch's ``times_s``, and the relaunch's record to ``log``. The relaunches run in :func:`_relaunch_loop`, which hands back to this function
-    whenever a batch's mean context leaves its decode span (a step time to look up or predict) or its record
-    buffer is full."""
+    the batch's requests) is appended to its batch's ``times_s``, and the relaunch's record to ``log``. The
+    relaunches run in :func:`_relaunch_loop`, which hands back to this function whenever a batch's mean context
+    leaves its decode span (a step time to look up or predict) or its record buffer is full."""
     scheduler = replica.scheduler
     if not _relaunches(queue[0], horizon_s, scheduler.free):
         return

@@ -30,8 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.serving.state import Step
 from servesim.serving.step_time import StepTimeModel
@@ -111,13 +109,6 @@ class DecodeSpan:
         w = (context - self.low_context) / self.span
         return (self.overhead_us + w * self.overhead_delta_us,
                 tuple([a + w * d for a, d in zip(self.stage_us, self.stage_delta_us)]))
-
-    def at_contexts(self, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`at` for many covered contexts: host overheads ``(n,)`` and stage times ``(n, stages)``, µs, the
-        same floating-point operations elementwise (at ``low_context`` the weight is 0, which adds 0)."""
-        weights = (contexts - self.low_context) / self.span if self.span else np.zeros(len(contexts))
-        return (self.overhead_us + weights * self.overhead_delta_us,
-                np.array(self.stage_us) + weights[:, None] * np.array(self.stage_delta_us))
 
 
 def decode_span(step_model: StepTimeModel, num_decodes: int, low: int, spread: int) -> DecodeSpan:

@@ -44,10 +44,13 @@ def _options(vidur_root: Path, extra_data: Path | None):
 @click.command("train")
 @_category_option(multiple=False)
 @_data_options
+@click.option("--max-epochs", type=click.IntRange(min=1), default=None,
+              help="Stop after this many epochs if early stopping has not stopped training sooner (default: 80, "
+                   "TrainConfig's).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
 def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
-                  output: Path | None) -> None:
+                  max_epochs: int | None, output: Path | None) -> None:
     """Train one category's MLP on every measured GPU (training shapes only) and write its weights."""
     import time
 
@@ -59,7 +62,8 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
     loaded = time.perf_counter() - start
-    result = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed))
+    config = TrainConfig(seed=seed) if max_epochs is None else TrainConfig(seed=seed, max_epochs=max_epochs)
+    result = train_mlp(samples, split.train, split.val, config)
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
     click.echo(

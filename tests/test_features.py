@@ -114,6 +114,21 @@ def test_every_subcommand_gives_json_with_features(command, args):
     payload = json.loads(result.output)
     assert payload["theoretical_time_us"] > 0 and payload["bottleneck"] in payload["pipe_time_us"]
     assert set(FEATURE_NAMES) <= set(payload["features"])
+    assert payload["estimator"] == "mlp" and payload["predicted_time_us"] > 0
+
+
+@pytest.mark.parametrize("estimator", ["mlp", "roofline"])
+def test_kernel_command_prints_the_time_the_estimator_predicts(estimator):
+    from servesim.estimator import get_estimator
+    from servesim.hardware import get_gpu
+    from servesim.kernels.types import Gemm
+
+    args = ["--gpu", "H20", "--m", "2048", "--n", "2560", "--k", "8192", "--estimator", estimator]
+    payload = json.loads(CliRunner().invoke(gemm, [*args, "--json"]).output)
+    expected_us = get_estimator(estimator).predict_us([Gemm(m=2048, n=2560, k=8192)], get_gpu("H20"))[0]
+    assert payload["predicted_time_us"] == pytest.approx(expected_us, rel=1e-12)
+    table = CliRunner().invoke(gemm, args).output
+    assert f"{estimator} (ms)" in table and f"{expected_us / 1e3:.4f}" in table
 
 
 def test_bad_input_is_a_one_line_error():

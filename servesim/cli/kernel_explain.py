@@ -1,5 +1,6 @@
 """``servesim kernel gemm|scaled-mm|attention|rmsnorm|silu-mul|moe``: one kernel's SynPerf analysis on a GPU —
-its tasks, occupancy, per-SM distribution, feature vector and per-pipe roofline with the bottleneck named."""
+its tasks, occupancy, per-SM distribution, feature vector and per-pipe roofline with the bottleneck named — and the
+time the kernel estimator (the MLP by default, as in every other command) predicts for it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import click
 import numpy as np
 
-from servesim.cli.output import Column, emit, output_format_options, render_table
+from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table
 from servesim.errors import ServesimError
 from servesim.kernels.types import SCALED_MM_LIBRARIES, SCALED_MM_LIBRARY_NAMES
 
@@ -25,9 +26,10 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
     return values
 
 
-def analyse(kernel: Any, gpu_name: str) -> dict[str, Any]:
+def analyse(kernel: Any, gpu_name: str, estimator: str) -> dict[str, Any]:
     """Everything the explain view shows, as plain data (also the ``--json`` payload)."""
     from servesim.decompose import decompose, occupancy
+    from servesim.estimator import get_estimator
     from servesim.features import features_of, pipe_times_us
     from servesim.hardware import get_gpu
     from servesim.scheduler import schedule
@@ -55,6 +57,7 @@ def analyse(kernel: Any, gpu_name: str) -> dict[str, Any]:
         "gpu": gpu.name, "kernel": kernel.category, "shape": kernel.shape(), "dtype": kernel.dtype,
         "launches": launches, "features": feats, "pipe_time_us": pipes,
         "bottleneck": max(pipes, key=pipes.get), "theoretical_time_us": feats["theoretical_time_us"],
+        "estimator": estimator, "predicted_time_us": float(get_estimator(estimator).predict_us([kernel], gpu)[0]),
     }
 
 
@@ -78,22 +81,24 @@ def _print_explain(result: dict[str, Any]) -> None:
              for p, t in result["pipe_time_us"].items()]
     click.echo("\n" + render_table(pipes, [Column("pipe", "pipe", align="<"), Column("time_us", "busiest-SM time (us)", ",.3f"),
                                           Column("bound", "", align="<")], title="per-pipe roofline"))
-    click.echo(f"theoretical time {result['theoretical_time_us']:,.3f} us ({result['bottleneck']}-bound)")
+    click.echo(f"theoretical time {result['theoretical_time_us']:,.3f} us ({result['bottleneck']}-bound); "
+               f"predicted {result['predicted_time_us']:,.3f} us ({result['estimator']} estimator)")
 
 
-def _run(kernel_factory, gpu: str, explain: bool, output_format: str) -> None:
+def _run(kernel_factory, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     try:
         kernel = kernel_factory()
     except (TypeError, ValueError) as exc:
         raise ServesimError(f"invalid kernel shape: {exc}") from None
-    result = analyse(kernel, gpu)
+    result = analyse(kernel, gpu, estimator)
     if output_format == "json" or not explain:
         row = {"gpu": result["gpu"], "kernel": result["kernel"], "shape": result["shape"],
                "tasks": sum(l["tasks"] for l in result["launches"]), "bottleneck": result["bottleneck"],
-               "theoretical_ms": result["theoretical_time_us"] / 1e3}
+               "theoretical_ms": result["theoretical_time_us"] / 1e3, "predicted_ms": result["predicted_time_us"] / 1e3}
         cols = [Column("gpu", "GPU", align="<"), Column("kernel", "kernel", align="<"), Column("shape", "shape", align="<"),
                 Column("tasks", "tasks", ",d"), Column("bottleneck", "bottleneck", align="<"),
-                Column("theoretical_ms", "roofline (ms)", ".4f")]
+                Column("theoretical_ms", "theoretical (ms)", ".4f"),
+                Column("predicted_ms", f"{result['estimator']} (ms)", ".4f")]
         emit([row], cols, output_format, json_payload=result)
     else:
         _print_explain(result)
@@ -101,6 +106,7 @@ def _run(kernel_factory, gpu: str, explain: bool, output_format: str) -> None:
 
 def _common(func):
     func = output_format_options(func)
+    func = estimator_option(func)
     func = click.option("--explain", is_flag=True, help="Show tasks, occupancy, per-SM distribution and features.")(func)
     return click.option("--gpu", required=True, help="GPU name from 'servesim gpus', e.g. H100 or H20.")(func)
 
@@ -115,11 +121,11 @@ def _positive(name: str, **kw):
 @_positive("--k")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True)
 @_common
-def gemm(m: int, n: int, k: int, dtype: str, gpu: str, explain: bool, output_format: str) -> None:
+def gemm(m: int, n: int, k: int, dtype: str, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     """Analyse a cuBLAS GEMM C[m,n] = A[m,k] @ W[k,n]."""
     from servesim.kernels.types import Gemm
 
-    _run(lambda: Gemm(m=m, n=n, k=k, dtype=dtype), gpu, explain, output_format)
+    _run(lambda: Gemm(m=m, n=n, k=k, dtype=dtype), gpu, estimator, explain, output_format)
 
 
 @click.command("scaled-mm")
@@ -132,12 +138,12 @@ def gemm(m: int, n: int, k: int, dtype: str, gpu: str, explain: bool, output_for
               help="Implementation: vLLM's CUTLASS (default for tensor scales), SGLang's sgl-kernel, cuBLASLt, or "
                    "DeepGEMM (block scales).")
 @_common
-def scaled_mm(m: int, n: int, k: int, scale: str, library: str | None, gpu: str, explain: bool,
-              output_format: str) -> None:
+def scaled_mm(m: int, n: int, k: int, scale: str, library: str | None, gpu: str, estimator: str,
+              explain: bool, output_format: str) -> None:
     """Analyse an FP8 scaled matrix multiply as its library tiles it."""
     from servesim.kernels.types import ScaledMM
 
-    _run(lambda: ScaledMM(m=m, n=n, k=k, scale=scale, library=library or ""), gpu, explain, output_format)
+    _run(lambda: ScaledMM(m=m, n=n, k=k, scale=scale, library=library or ""), gpu, estimator, explain, output_format)
 
 
 @click.command("attention")
@@ -151,7 +157,7 @@ def scaled_mm(m: int, n: int, k: int, scale: str, library: str | None, gpu: str,
 @click.option("--no-causal", is_flag=True, help="Bidirectional prefill.")
 @_common
 def attention(q_text: str, kv_text: str, heads: int, kv_heads: int, head_dim: int, backend: str, no_causal: bool,
-              gpu: str, explain: bool, output_format: str) -> None:
+              gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     """Analyse attention prefill (any --q above 1) or decode."""
     from servesim.kernels.types import AttentionDecode, AttentionPrefill
 
@@ -168,7 +174,7 @@ def attention(q_text: str, kv_text: str, heads: int, kv_heads: int, head_dim: in
     else:
         factory = lambda: AttentionPrefill(query_lens=q, kv_lens=kv, num_heads=heads, num_kv_heads=kv_heads,
                                            head_dim=head_dim, causal=not no_causal, backend=backend)
-    _run(factory, gpu, explain, output_format)
+    _run(factory, gpu, estimator, explain, output_format)
 
 
 @click.command("rmsnorm")
@@ -176,23 +182,23 @@ def attention(q_text: str, kv_text: str, heads: int, kv_heads: int, head_dim: in
 @_positive("--dim")
 @click.option("--fused-add", is_flag=True, help="fused_add_rms_norm (residual add in place).")
 @_common
-def rmsnorm(rows: int, dim: int, fused_add: bool, gpu: str, explain: bool, output_format: str) -> None:
+def rmsnorm(rows: int, dim: int, fused_add: bool, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     """Analyse vLLM's RMSNorm kernel."""
     from servesim.kernels.types import AddRMSNorm, RMSNorm
 
     cls = AddRMSNorm if fused_add else RMSNorm
-    _run(lambda: cls(rows=rows, dim=dim), gpu, explain, output_format)
+    _run(lambda: cls(rows=rows, dim=dim), gpu, estimator, explain, output_format)
 
 
 @click.command("silu-mul")
 @_positive("--tokens")
 @_positive("--dim", help="Output width (the input is 2 x dim).")
 @_common
-def silu_mul(tokens: int, dim: int, gpu: str, explain: bool, output_format: str) -> None:
+def silu_mul(tokens: int, dim: int, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     """Analyse vLLM's SiLU-and-multiply kernel."""
     from servesim.kernels.types import SiluMul
 
-    _run(lambda: SiluMul(tokens=tokens, dim=dim), gpu, explain, output_format)
+    _run(lambda: SiluMul(tokens=tokens, dim=dim), gpu, estimator, explain, output_format)
 
 
 @click.command("moe")
@@ -204,7 +210,7 @@ def silu_mul(tokens: int, dim: int, gpu: str, explain: bool, output_format: str)
 @click.option("--expert-tokens", default=None, help="Routed pairs per expert, comma-separated (default: uniform).")
 @_common
 def moe(tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, expert_tokens: str | None, gpu: str,
-        explain: bool, output_format: str) -> None:
+        estimator: str, explain: bool, output_format: str) -> None:
     """Analyse vLLM's Triton fused MoE (gate/up grouped GEMM, SiLU&Mul, down grouped GEMM)."""
     from servesim.kernels.types import FusedMoE
 
@@ -216,7 +222,7 @@ def moe(tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, e
         if len(counts) != experts or sum(counts) != pairs:
             raise ServesimError(f"--expert-tokens needs {experts} counts summing to tokens x top-k = {pairs}")
     _run(lambda: FusedMoE(tokens=tokens, num_experts=experts, top_k=top_k, hidden=hidden, intermediate=intermediate,
-                          expert_tokens=counts), gpu, explain, output_format)
+                          expert_tokens=counts), gpu, estimator, explain, output_format)
 
 
 SUBCOMMANDS = [gemm, scaled_mm, attention, rmsnorm, silu_mul, moe]

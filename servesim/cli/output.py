@@ -97,6 +97,14 @@ def emit(
             click.echo(note)
 
 
+def estimator_option(func):
+    """Add ``--estimator``: the kernel time estimator, a name from :data:`servesim.estimator.base.ESTIMATORS`."""
+    from servesim.estimator.base import DEFAULT_ESTIMATOR, ESTIMATORS
+
+    return click.option("--estimator", type=click.Choice(sorted(ESTIMATORS)), default=DEFAULT_ESTIMATOR,
+                        show_default=True, help="Kernel time estimator.")(func)
+
+
 def output_format_options(func):
     """Add the mutually exclusive ``--json`` / ``--csv`` flags as one ``output_format`` parameter."""
     func = click.option(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from servesim.cli.output import Column, emit, output_format_options, render_table, to_csv, to_json
+from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table, to_csv, to_json
 
 _ERROR_COLUMNS = (
     Column("rows", "rows", ",d"),
@@ -51,13 +51,6 @@ def _progress(total: int, label: str) -> tuple[Callable[..., None], Callable[[],
     return (lambda *_: bar.update(1)), (lambda: bar.__exit__(None, None, None))
 
 
-def _estimator_option(func):
-    from servesim.estimator.base import DEFAULT_ESTIMATOR, ESTIMATORS
-
-    return click.option("--estimator", type=click.Choice(sorted(ESTIMATORS)), default=DEFAULT_ESTIMATOR,
-                        show_default=True, help="Kernel time estimator.")(func)
-
-
 def _skipped_summary(skipped: Sequence) -> list[dict[str, object]]:
     by_reason: dict[str, list] = {}
     for item in skipped:
@@ -86,7 +79,7 @@ def validate_group() -> None:
               help="Engine (repeatable) [default: both].")
 @click.option("--model", "models", multiple=True, help="Hugging Face id or preset (repeatable) [default: all].")
 @click.option("--row-id", "row_ids", multiple=True, help="Only these silicon_sample ids (repeatable).")
-@_estimator_option
+@estimator_option
 @click.option("--aiconfigurator", "with_aic", is_flag=True,
               help="Add aiconfigurator's own estimate of each row (needs 'pip install aiconfigurator'; slow).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -225,7 +218,7 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 @click.option("--tp", type=click.IntRange(min=1), default=None, help="Tensor-parallel size [default: 1].")
 @click.option("--pp", type=click.IntRange(min=1), default=None, help="Pipeline stages [default: 1].")
 @click.option("--dtype", default=None, help="Weights: bf16, fp8 or fp8-block [default: bf16].")
-@_estimator_option
+@estimator_option
 @output_format_options
 def results_command(files, model, gpu, engine, tp, pp, dtype, estimator, output_format) -> None:
     """Replay your own 'vllm bench serve --save-result' JSON files or GuideLLM JSON reports and compare.

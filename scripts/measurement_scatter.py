@@ -1,11 +1,11 @@
 """How much the measured GEMM rows scatter on their own: a floor under any predictor's MAPE on them.
 
 A GEMM with m = 1 … 16 rows is weight-bound, and every library's tile choice as servesim models it
-(servesim/decompose/gemm.py) is the same for all m ≤ 16, so its time should be smooth in m. For each GPU, kernel source, n and k, the
-script takes every m from 2 to 15 with both neighbours measured and the second difference of the log time,
-``d = log t(m) − (log t(m − 1) + log t(m + 1)) / 2``, which cancels any smooth trend. If each row carried
-independent relative noise of spread σ, d would have spread √1.5 σ; ``scatter %`` is ``mean |d| / √1.5``, what a
-predictor that knew the true time would still score as MAPE on these rows.
+(servesim/decompose/gemm.py) is the same for all m ≤ 16, so its time should be smooth in m. For each GPU, kernel
+source, n and k, the script takes every m from 2 to 15 with both neighbours measured and the second difference of
+the log time, ``d = log t(m) − (log t(m − 1) + log t(m + 1)) / 2``, which cancels any smooth trend. If each row
+carried independent relative noise of spread σ, d would have spread √1.5 σ; ``scatter %`` is ``mean |d| / √1.5``,
+what a predictor that knew the true time would still score as MAPE on these rows.
 
     python scripts/measurement_scatter.py --category scaled_mm
 """

@@ -20,15 +20,14 @@ import numpy as np
 
 from servesim.estimator.datasets import DataOptions, KernelSamples, load_samples, split_by_shape
 from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
-from servesim.features import SPEC_FEATURES, FeatureMatrix
+from servesim.features import SPEC_FEATURES
 from servesim.hardware import get_gpu
 
 
 def without_spec(samples: KernelSamples) -> KernelSamples:
     """The same samples with the spec-vector columns removed."""
-    keep = [i for i, name in enumerate(samples.features.names) if name not in SPEC_FEATURES]
-    names = tuple(samples.features.names[i] for i in keep)
-    return dataclasses.replace(samples, features=FeatureMatrix(names, samples.features.values[:, keep]))
+    keep = [name for name in samples.features.names if name not in SPEC_FEATURES]
+    return dataclasses.replace(samples, features=samples.features.select(keep))
 
 
 @click.command()

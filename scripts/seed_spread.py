@@ -5,7 +5,8 @@ the seed of training changed only) and predicts the linear layers of Llama-3-70B
 down projections) for m = 1 … 8,192 tokens on each GPU. For every GPU it prints the median and the largest, over
 those kernels, of the seeds' spread (slowest prediction over fastest, minus one): what a user of the GPU should
 read as the uncertainty the network alone adds to a kernel time. A GPU that the networks saw in training is
-predicted alike by every seed; a GPU outside the training range is not.
+predicted alike by every seed; a GPU outside the training range is not. ``--without-spec`` trains and predicts
+without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``scripts/ablate_spec_features.py`` does.
 
     python scripts/seed_spread.py --category gemm --seed 0 --seed 1 --seed 2 --seed 3 --seed 4
 """
@@ -16,11 +17,13 @@ import time
 
 import click
 import numpy as np
+from ablate_spec_features import without_spec
 
 from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
-from servesim.estimator.mlp import predict_category_us
-from servesim.estimator.training import TrainConfig, train_mlp
-from servesim.hardware import get_gpu
+from servesim.estimator.inputs import estimator_inputs
+from servesim.estimator.mlp import MlpWeights, forward_efficiency
+from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.hardware import GpuSpec, get_gpu
 from servesim.kernels.types import Gemm, ScaledMM
 
 #: (n, k) of Llama-3-70B's linear layers on one of four tensor-parallel GPUs: QKV, output, gate-up, down.
@@ -37,6 +40,12 @@ def linear_kernels(category: str) -> list:
     return [ScaledMM(m=m, n=n, k=k, scale="tensor", library="cutlass") for m, n, k in shapes]
 
 
+def predict_us(weights: MlpWeights, kernels: list, gpu: GpuSpec) -> np.ndarray:
+    """Like ``predict_category_us``, from the inputs the weights were trained on (all, or all but the spec vector)."""
+    inputs = estimator_inputs(kernels, gpu).select(weights.feature_names)
+    return weights.base_time_us(inputs.column("theoretical_time_us")) / forward_efficiency(weights, inputs.values)
+
+
 @click.command()
 @click.option("--category", type=click.Choice(["gemm", "scaled_mm"]), default="gemm", show_default=True)
 @click.option("--seed", "seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True,
@@ -44,22 +53,32 @@ def linear_kernels(category: str) -> list:
 @click.option("--gpu", "gpus", multiple=True, default=DEFAULT_GPUS, show_default=True, help="GPU (repeatable).")
 @click.option("--max-rows", type=int, default=40000, show_default=True)
 @click.option("--sample-seed", type=int, default=0, show_default=True)
-def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows: int, sample_seed: int) -> None:
+@click.option("--without-spec", "without_spec_vector", is_flag=True, help="Train and predict without the GPU's spec vector.")
+def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows: int, sample_seed: int,
+         without_spec_vector: bool) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
+    if without_spec_vector:
+        samples = without_spec(samples)
     split = split_by_shape(samples.shape_id, sample_seed)
     trained = set(samples.gpu)
     specs = [get_gpu(g) for g in gpus]
     kernels = linear_kernels(category)
     predicted_us = {spec.name: [] for spec in specs}
+    test = samples.subset(split.test)
+    test_mape = []
     for seed in seeds:
         start = time.perf_counter()
         weights = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed)).weights
+        test_mape.append(mape(predict_samples_us(weights, test), test.measured_us))
         for spec in specs:
             if category == "scaled_mm" and "fp8" not in spec.tensor_flops_per_sm_per_cycle:
                 continue
-            predicted_us[spec.name].append(predict_category_us(weights, kernels, spec))
+            predicted_us[spec.name].append(predict_us(weights, kernels, spec))
         click.echo(f"seed {seed}: trained in {time.perf_counter() - start:.0f} s", err=True)
-    click.echo(f"{category}: {len(kernels)} Llama-3-70B TP4 linears, {len(seeds)} seeds, {max_rows:,} sampled rows")
+    click.echo(f"{category}: {len(kernels)} Llama-3-70B TP4 linears, {len(seeds)} seeds, {max_rows:,} sampled rows"
+               + (", without the spec vector" if without_spec_vector else ""))
+    click.echo("MAPE % on the sample's held-out shapes (every training GPU), per seed: "
+               + ", ".join(f"{m:.2f}" for m in test_mape))
     click.echo("GPU           in training  median spread %  largest spread %")
     for spec in specs:
         if not predicted_us[spec.name]:

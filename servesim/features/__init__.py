@@ -62,6 +62,10 @@ class FeatureMatrix:
     def as_dict(self) -> dict[str, np.ndarray]:
         return {n: self.values[:, i] for i, n in enumerate(self.names)}
 
+    def select(self, names: Sequence[str]) -> FeatureMatrix:
+        """The columns ``names``, in that order."""
+        return FeatureMatrix(tuple(names), self.values[:, [self.names.index(n) for n in names]])
+
 
 @lru_cache(maxsize=256)
 def spec_vector(gpu: GpuSpec, tensor_dtype: str) -> MappingProxyType[str, float]:

@@ -5,8 +5,10 @@ the seed of training changed only) and predicts the linear layers of Llama-3-70B
 down projections) for m = 1 … 8,192 tokens on each GPU. For every GPU it prints the median and the largest, over
 those kernels, of the seeds' spread (slowest prediction over fastest, minus one): what a user of the GPU should
 read as the uncertainty the network alone adds to a kernel time. A GPU that the networks saw in training is
-predicted alike by every seed; a GPU outside the training range is not. ``--without-spec`` trains and predicts
-without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``scripts/ablate_spec_features.py`` does.
+predicted alike by every seed; a GPU outside the training range is not. ``--spec-vector kept|dropped`` trains and
+predicts with or without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as
+``scripts/ablate_spec_features.py`` does; by default the networks see what the shipped one does
+(``servesim.estimator.inputs.SPEC_FREE_CATEGORIES``).
 
     python scripts/seed_spread.py --category gemm --seed 0 --seed 1 --seed 2 --seed 3 --seed 4
 """
@@ -17,12 +19,13 @@ import time
 
 import click
 import numpy as np
-from ablate_spec_features import without_spec
+from ablate_spec_features import spec_variants
 
 from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
-from servesim.estimator.inputs import estimator_inputs
+from servesim.estimator.inputs import candidate_inputs, input_names
 from servesim.estimator.mlp import MlpWeights, forward_efficiency
 from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.features import SPEC_FEATURES
 from servesim.hardware import GpuSpec, get_gpu
 from servesim.kernels.types import Gemm, ScaledMM
 
@@ -41,8 +44,8 @@ def linear_kernels(category: str) -> list:
 
 
 def predict_us(weights: MlpWeights, kernels: list, gpu: GpuSpec) -> np.ndarray:
-    """Like ``predict_category_us``, from the inputs the weights were trained on (all, or all but the spec vector)."""
-    inputs = estimator_inputs(kernels, gpu).select(weights.feature_names)
+    """Like ``predict_category_us``, from the inputs the weights were trained on (with or without the spec vector)."""
+    inputs = candidate_inputs(kernels, gpu).select(weights.feature_names)
     return weights.base_time_us(inputs.column("theoretical_time_us")) / forward_efficiency(weights, inputs.values)
 
 
@@ -53,12 +56,13 @@ def predict_us(weights: MlpWeights, kernels: list, gpu: GpuSpec) -> np.ndarray:
 @click.option("--gpu", "gpus", multiple=True, default=DEFAULT_GPUS, show_default=True, help="GPU (repeatable).")
 @click.option("--max-rows", type=int, default=40000, show_default=True)
 @click.option("--sample-seed", type=int, default=0, show_default=True)
-@click.option("--without-spec", "without_spec_vector", is_flag=True, help="Train and predict without the GPU's spec vector.")
+@click.option("--spec-vector", type=click.Choice(["shipped", "kept", "dropped"]), default="shipped", show_default=True,
+              help="Train and predict with the GPU's spec vector, without it, or as the shipped estimator does.")
 def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows: int, sample_seed: int,
-         without_spec_vector: bool) -> None:
+         spec_vector: str) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
-    if without_spec_vector:
-        samples = without_spec(samples)
+    names = (input_names(category, samples.features.names) if spec_vector == "shipped"
+             else spec_variants(samples)[f"spec {spec_vector}"])
     split = split_by_shape(samples.shape_id, sample_seed)
     trained = set(samples.gpu)
     specs = [get_gpu(g) for g in gpus]
@@ -68,7 +72,7 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
     test_mape = []
     for seed in seeds:
         start = time.perf_counter()
-        weights = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed)).weights
+        weights = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed), names).weights
         test_mape.append(mape(predict_samples_us(weights, test), test.measured_us))
         for spec in specs:
             if category == "scaled_mm" and "fp8" not in spec.tensor_flops_per_sm_per_cycle:
@@ -76,7 +80,7 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
             predicted_us[spec.name].append(predict_us(weights, kernels, spec))
         click.echo(f"seed {seed}: trained in {time.perf_counter() - start:.0f} s", err=True)
     click.echo(f"{category}: {len(kernels)} Llama-3-70B TP4 linears, {len(seeds)} seeds, {max_rows:,} sampled rows"
-               + (", without the spec vector" if without_spec_vector else ""))
+               + (", with" if set(SPEC_FEATURES) <= set(names) else ", without") + " the spec vector")
     click.echo("MAPE % on the sample's held-out shapes (every training GPU), per seed: "
                + ", ".join(f"{m:.2f}" for m in test_mape))
     click.echo("GPU           in training  median spread %  largest spread %")

@@ -23,7 +23,7 @@ import pandas as pd
 
 from servesim.data.vidur import DEFAULT_VIDUR_ROOT
 from servesim.errors import ServesimError, suggest
-from servesim.estimator.inputs import estimator_inputs
+from servesim.estimator.inputs import candidate_inputs
 from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
 from servesim.kernels.engines import get_engine
@@ -512,14 +512,15 @@ def category_frame(category: str, options: DataOptions = DataOptions()) -> Categ
 
 
 def samples_from_frame(category: str, frame: pd.DataFrame) -> KernelSamples:
-    """Kernels, estimator inputs and measured times of a measured frame's rows (computed per GPU, batched)."""
+    """Kernels, candidate estimator inputs (``inputs.candidate_inputs``, which the baselines read too) and measured
+    times of a measured frame's rows (computed per GPU, batched)."""
     source = _source(category)
     frame = frame.reset_index(drop=True)
     kernels = source.to_kernels(frame)
     values = np.empty((len(frame), 0))
     names: tuple[str, ...] = ()
     for gpu_name, rows in frame.groupby("gpu", observed=True).indices.items():
-        matrix = estimator_inputs([kernels[i] for i in rows], get_gpu(str(gpu_name)))
+        matrix = candidate_inputs([kernels[i] for i in rows], get_gpu(str(gpu_name)))
         if not names:
             names, values = matrix.names, np.empty((len(frame), len(matrix.names)))
         values[rows] = matrix.values

@@ -8,6 +8,14 @@ get the backend (one-hot), page size, KV layout and the shape the backends' spli
 
 Likewise the engines' per-tensor FP8 linears (vLLM's ``cutlass_scaled_mm``, SGLang's sgl-kernel build) differ in
 time by more than their tiles explain, so scaled MMs also get their library (one-hot).
+
+The BF16 GEMM network does not see the GPU's spec vector (``SPEC_FEATURES``): the SynPerf features already carry the
+GPU through its pipe times and wave counts, and with the raw spec besides, a GPU outside the nine measured ones (the
+H20: 78 SMs, under a quarter of an H100's tensor rate per SM) lands where no training row was. There, networks that
+differed only in their training seed disagreed by a median 54 % on the H20, against 13 % without the spec vector, at
+about the same MAPE on measured GPUs (``scripts/seed_spread.py``, ``scripts/ablate_spec_features.py``,
+docs/accuracy.md). The FP8 scaled-MM network keeps it: without it, its MAPE on measured GPUs' held-out shapes rose
+from 9.2 to 10.7 % (the L40S from 13.0 to 19.6 %).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from servesim.decompose.attention import BACKENDS
-from servesim.features import FeatureMatrix, kernel_features
+from servesim.features import SPEC_FEATURES, FeatureMatrix, kernel_features
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import SCALED_MM_LIBRARY_NAMES, AttentionPrefill, Kernel, ScaledMM, dtype_bytes
 
@@ -55,11 +63,30 @@ _DESCRIPTORS = {
 }
 
 
-def estimator_inputs(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
-    """The MLP inputs of a batch of kernels of one category on ``gpu``: :func:`kernel_features`, then the
-    category's descriptors (:data:`ATTENTION_DESCRIPTORS`, :data:`SCALED_MM_DESCRIPTORS`), if it has any."""
+#: Categories whose networks are trained and run without the GPU's spec vector (see the module docstring).
+SPEC_FREE_CATEGORIES = frozenset({"gemm"})
+
+
+def candidate_inputs(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
+    """Every input a network of the kernels' category may see, on ``gpu``: :func:`kernel_features` (the spec
+    vector included), then the category's descriptors (:data:`ATTENTION_DESCRIPTORS`,
+    :data:`SCALED_MM_DESCRIPTORS`), if it has any."""
     matrix = kernel_features(kernels, gpu)
     if not kernels or kernels[0].category not in _DESCRIPTORS:
         return matrix
     names, describe = _DESCRIPTORS[kernels[0].category]
     return FeatureMatrix((*matrix.names, *names), np.hstack([matrix.values, describe(kernels)]))
+
+
+def input_names(category: str, candidate_names: Sequence[str]) -> tuple[str, ...]:
+    """Which of a category's candidate inputs its network sees: all, less the spec vector for
+    :data:`SPEC_FREE_CATEGORIES`."""
+    spec_free = category in SPEC_FREE_CATEGORIES
+    return tuple(name for name in candidate_names if not (spec_free and name in SPEC_FEATURES))
+
+
+def estimator_inputs(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
+    """The MLP inputs of a batch of kernels of one category on ``gpu``: :func:`candidate_inputs`, selected by
+    :func:`input_names`."""
+    matrix = candidate_inputs(kernels, gpu)
+    return matrix.select(input_names(kernels[0].category, matrix.names)) if kernels else matrix

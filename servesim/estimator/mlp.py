@@ -80,7 +80,9 @@ def forward_efficiency(weights: MlpWeights, features: np.ndarray) -> np.ndarray:
     and drive the efficiency to its floor or ceiling. Such inputs keep their training value
     (``weights.fixed_inputs``)."""
     x = (transform_inputs(features) - weights.input_mean) / weights.input_scale
-    x = np.where(np.isnan(weights.fixed_inputs), x, weights.fixed_inputs).astype(np.float32)
+    # C order whatever the features' order: numpy multiplies blocks with strides BLAS cannot take (a column-major
+    # batch of several rows) by its own loop, which rounds otherwise than a one-row batch's BLAS call.
+    x = np.where(np.isnan(weights.fixed_inputs), x, weights.fixed_inputs).astype(np.float32, order="C")
     # Blocks of FORWARD_BLOCK_ROWS rows, the last padded with zeros: see FORWARD_BLOCK_ROWS.
     rows = len(x)
     blocks = -(-rows // FORWARD_BLOCK_ROWS)

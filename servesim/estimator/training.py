@@ -10,11 +10,13 @@ imported only here.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from servesim.estimator.datasets import KernelSamples
+from servesim.estimator.inputs import input_names
 from servesim.estimator.mlp import MlpWeights, transform_inputs
 
 
@@ -95,15 +97,17 @@ def export_weights(network, category: str, feature_names: tuple[str, ...], input
                       efficiency_max, latency_floor_us, metadata)
 
 
-def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
-              config: TrainConfig = TrainConfig()) -> TrainResult:
-    """Train on the rows of ``train``, stop early on the MAPE of ``val``; deterministic for a given seed."""
+def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray, config: TrainConfig = TrainConfig(),
+              inputs_used: Sequence[str] | None = None) -> TrainResult:
+    """Train on the rows of ``train``, stop early on the MAPE of ``val``; deterministic for a given seed. The
+    network sees ``inputs_used`` of the samples' features, by default the category's (``inputs.input_names``)."""
     import torch
 
     start = time.perf_counter()
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
-    inputs = transform_inputs(samples.features.values)
+    names = input_names(samples.category, samples.features.names) if inputs_used is None else tuple(inputs_used)
+    inputs = transform_inputs(samples.features.select(names).values)
     mean = inputs[train].mean(axis=0)
     scale = inputs[train].std(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
@@ -155,16 +159,17 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray,
         "gpus": ",".join(gpus), "epochs": str(epoch), "best_epoch": str(best[1]),
         "best_val_mape_pct": f"{best[0]:.2f}", "train_seconds": f"{seconds:.1f}", "torch": torch.__version__,
     }
-    weights = export_weights(network, samples.category, samples.features.names, mean, scale, fixed, efficiency_max,
-                             floor_us, metadata)
+    weights = export_weights(network, samples.category, names, mean, scale, fixed, efficiency_max, floor_us,
+                             metadata)
     return TrainResult(weights=weights, epochs=epoch, best_val_mape=best[0], seconds=seconds)
 
 
 def predict_samples_us(weights: MlpWeights, samples: KernelSamples) -> np.ndarray:
-    """The MLP's times for measured samples, from their already computed features."""
+    """The MLP's times for measured samples, from their already computed features (those the weights use)."""
     from servesim.estimator.mlp import forward_efficiency
 
-    return weights.base_time_us(samples.theoretical_us) / forward_efficiency(weights, samples.features.values)
+    inputs = samples.features.select(weights.feature_names).values
+    return weights.base_time_us(samples.theoretical_us) / forward_efficiency(weights, inputs)
 
 
 def roofline_samples_us(samples: KernelSamples) -> np.ndarray:

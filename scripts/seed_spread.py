@@ -1,14 +1,15 @@
 """How much a GEMM prediction depends on the training seed alone, on measured GPUs and on GPUs nobody measured.
 
-Trains one category's MLP once per seed on the same seeded sample and split (as ``servesim train`` does, with
-the seed of training changed only) and predicts the linear layers of Llama-3-70B at TP 4 (QKV, output, gate-up and
-down projections) for m = 1 … 8,192 tokens on each GPU. For every GPU it prints the median and the largest, over
-those kernels, of the seeds' spread (slowest prediction over fastest, minus one): what a user of the GPU should
-read as the uncertainty the network alone adds to a kernel time. A GPU that the networks saw in training is
-predicted alike by every seed; a GPU outside the training range is not. ``--spec-vector kept|dropped`` trains and
-predicts with or without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as
-``scripts/ablate_spec_features.py`` does; by default the networks see what the shipped one does
-(``servesim.estimator.inputs.SPEC_FREE_CATEGORIES``).
+Trains one category's MLP once per seed on the same seeded sample and split (as ``servesim train`` does, with the
+seed of training changed only) and predicts the linear layers of Llama-3-70B at TP 4 (QKV, output, gate-up and down
+projections) for m = 1 … 8,192 tokens on each GPU. For every GPU it prints the median and the largest, over those
+kernels, of the seeds' spread (slowest prediction over fastest, minus one): what a user of the GPU should read as
+the uncertainty the network alone adds to a kernel time. A GPU that the networks saw in training is predicted alike
+by every seed; a GPU outside the training range is not. ``--spec-vector kept|dropped`` trains and predicts with or
+without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``scripts/ablate_spec_features.py`` does; by
+default the networks see what the shipped one does (``servesim.estimator.inputs.SPEC_FREE_CATEGORIES``). It also
+scores each seed's network, and the seeds' geometric mean (what an ensemble of them would predict), on the sample's
+held-out shapes.
 
     python scripts/seed_spread.py --category gemm --seed 0 --seed 1 --seed 2 --seed 3 --seed 4
 """
@@ -49,6 +50,11 @@ def predict_us(weights: MlpWeights, kernels: list, gpu: GpuSpec) -> np.ndarray:
     return weights.base_time_us(inputs.column("theoretical_time_us")) / forward_efficiency(weights, inputs.values)
 
 
+def geometric_mean(times_us: list[np.ndarray]) -> np.ndarray:
+    """The time an ensemble of the seeds' networks would predict: the geometric mean of theirs."""
+    return np.exp(np.mean(np.log(np.array(times_us)), axis=0))
+
+
 @click.command()
 @click.option("--category", type=click.Choice(["gemm", "scaled_mm"]), default="gemm", show_default=True)
 @click.option("--seed", "seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True,
@@ -69,11 +75,11 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
     kernels = linear_kernels(category)
     predicted_us = {spec.name: [] for spec in specs}
     test = samples.subset(split.test)
-    test_mape = []
+    test_predicted_us = []
     for seed in seeds:
         start = time.perf_counter()
         weights = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed), names).weights
-        test_mape.append(mape(predict_samples_us(weights, test), test.measured_us))
+        test_predicted_us.append(predict_samples_us(weights, test))
         for spec in specs:
             if category == "scaled_mm" and "fp8" not in spec.tensor_flops_per_sm_per_cycle:
                 continue
@@ -82,7 +88,8 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
     click.echo(f"{category}: {len(kernels)} Llama-3-70B TP4 linears, {len(seeds)} seeds, {max_rows:,} sampled rows"
                + (", with" if set(SPEC_FEATURES) <= set(names) else ", without") + " the spec vector")
     click.echo("MAPE % on the sample's held-out shapes (every training GPU), per seed: "
-               + ", ".join(f"{m:.2f}" for m in test_mape))
+               + ", ".join(f"{mape(p, test.measured_us):.2f}" for p in test_predicted_us)
+               + f"; of the seeds' geometric mean: {mape(geometric_mean(test_predicted_us), test.measured_us):.2f}")
     click.echo("GPU           in training  median spread %  largest spread %")
     for spec in specs:
         if not predicted_us[spec.name]:

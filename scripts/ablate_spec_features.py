@@ -4,7 +4,8 @@ The spec features (``servesim.features.SPEC_FEATURES``) let the network tell GPU
 training GPUs they may also let it memorise them. This script retrains a category's MLP leave-one-GPU-out with the
 spec features kept and dropped, on validation GPUs that are not among ``servesim eval kernels``' held-out test GPUs
 (docs/accuracy.md), for several seeds, and prints the MAPE and bias of each. Settings follow ``servesim eval
-kernels --holdout``: a seeded sample, the validation shapes of the other GPUs for early stopping.
+kernels --holdout``: a seeded sample, the validation shapes of the other GPUs for early stopping. ``--drop NAME``
+leaves out only the named spec inputs instead of all nine.
 
     python scripts/ablate_spec_features.py --category gemm --gpu A100 --gpu H100 --gpu B200 --gpu GB200 \\
         --seed 0 --seed 1
@@ -13,6 +14,7 @@ kernels --holdout``: a seeded sample, the validation shapes of the other GPUs fo
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import click
 import numpy as np
@@ -23,10 +25,11 @@ from servesim.features import SPEC_FEATURES
 from servesim.hardware import get_gpu
 
 
-def spec_variants(samples: KernelSamples) -> dict[str, tuple[str, ...]]:
-    """The network inputs with the spec vector kept and dropped, whichever the shipped estimator uses."""
+def spec_variants(samples: KernelSamples, dropped: Sequence[str] = SPEC_FEATURES) -> dict[str, tuple[str, ...]]:
+    """The network inputs with the spec vector kept, and with ``dropped`` (the whole spec vector by default) left
+    out, whichever the shipped estimator uses."""
     names = samples.features.names
-    return {"spec kept": names, "spec dropped": tuple(name for name in names if name not in SPEC_FEATURES)}
+    return {"spec kept": names, "spec dropped": tuple(name for name in names if name not in dropped)}
 
 
 @click.command()
@@ -36,8 +39,12 @@ def spec_variants(samples: KernelSamples) -> dict[str, tuple[str, ...]]:
               help="Training seed (repeatable); the sample and split stay at --sample-seed.")
 @click.option("--max-rows", type=int, default=40000, show_default=True)
 @click.option("--sample-seed", type=int, default=0, show_default=True)
-def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows: int, sample_seed: int) -> None:
+@click.option("--drop", "dropped", multiple=True, type=click.Choice(SPEC_FEATURES),
+              help="Leave out only this spec input in the dropped variant (repeatable; default: all of them).")
+def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows: int, sample_seed: int,
+         dropped: tuple[str, ...]) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
+    variants = spec_variants(samples, dropped or SPEC_FEATURES)
     split = split_by_shape(samples.shape_id, sample_seed)
     click.echo("category   GPU            seed  variant       MAPE %  bias %  seconds")
     for gpu_name in (get_gpu(g).name for g in gpus):
@@ -46,7 +53,7 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
             click.echo(f"{category:<10} {gpu_name:<14} no rows")
             continue
         for seed in seeds:
-            for variant, names in spec_variants(samples).items():
+            for variant, names in variants.items():
                 start = time.perf_counter()
                 weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed),
                                     names).weights

@@ -107,6 +107,15 @@ def test_an_slo_below_the_unloaded_latency_is_one_line_saying_what_would_work():
     assert "tighter than the unloaded latency" in result.output and "loosen --tpot-p90 to at least" in result.output
 
 
+@pytest.mark.parametrize("command", [("plan", *SMALL, "--gpus", "H100"), ("latency", "--model", "llama3-8b"),
+                                     ("kernel", "gemm", "--m", "1", "--n", "8", "--k", "8"),
+                                     ("validate", "silicon", "--gpu", "H100")])
+def test_every_command_names_the_nearest_estimator_for_a_misspelt_one(command):
+    result = run(*command, "--estimator", "rooflin")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "unknown estimator 'rooflin'. Did you mean roofline?" in result.output
+
+
 def test_a_model_that_fits_nowhere_says_which_gpu_would_hold_it():
     result = run("plan", "--model", "llama3-70b", "--tp", "1", "--pp", "1", "--gpus", "H100")
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1

@@ -98,11 +98,13 @@ def emit(
 
 
 def estimator_option(func):
-    """Add ``--estimator``: the kernel time estimator, a name from :data:`servesim.estimator.base.ESTIMATORS`."""
-    from servesim.estimator.base import DEFAULT_ESTIMATOR, ESTIMATORS
+    """Add ``--estimator``: the kernel time estimator, a name from :data:`servesim.estimator.base.ESTIMATORS`,
+    checked as the command line is parsed with servesim's one-line error, which suggests the nearest name."""
+    from servesim.estimator.base import DEFAULT_ESTIMATOR, ESTIMATORS, check_estimator_name
 
-    return click.option("--estimator", type=click.Choice(sorted(ESTIMATORS)), default=DEFAULT_ESTIMATOR,
-                        show_default=True, help="Kernel time estimator.")(func)
+    return click.option("--estimator", default=DEFAULT_ESTIMATOR, show_default=True,
+                        callback=lambda ctx, param, name: check_estimator_name(name),
+                        help=f"Kernel time estimator: {' or '.join(sorted(ESTIMATORS))}.")(func)
 
 
 def output_format_options(func):

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from servesim.cli.output import Column, emit, output_format_options
+from servesim.cli.output import Column, emit, estimator_option, output_format_options
 from servesim.errors import ServesimError
-from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
 QUICK_COLUMNS = (
@@ -195,7 +194,7 @@ def _slo_options(func):
 @click.option("--pp", type=click.IntRange(min=1), default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True, help="Serving engine whose kernels, defaults, memory rules and scheduler are modelled.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True, help="Weight and activation precision (fp8 = W8A8 with per-tensor scales).")
-@click.option("--estimator", default=DEFAULT_ESTIMATOR, show_default=True, help="Kernel time estimator.")
+@estimator_option
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), help="Token budget per step / prefill chunk size; engine default if unset.")
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from servesim.cli.output import Column, emit, output_format_options
+from servesim.cli.output import Column, emit, estimator_option, output_format_options
 from servesim.errors import ServesimError
-from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
 LATENCY_COLUMNS = (
@@ -31,7 +30,7 @@ def _engine_options(func):
         click.option("--pp", default=1, show_default=True, type=click.IntRange(min=1), help="Pipeline stages."),
         click.option("--engine", type=click.Choice(("vllm", "sglang")), default="vllm", show_default=True),
         click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 or fp8-block."),
-        click.option("--estimator", default=DEFAULT_ESTIMATOR, show_default=True, help="Kernel time estimator."),
+        estimator_option,
         click.option("--max-num-seqs", type=click.IntRange(min=1), default=None,
                      help="vLLM max_num_seqs / SGLang max_running_requests [default: the engine's]."),
         click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,

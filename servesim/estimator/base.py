@@ -40,10 +40,14 @@ ESTIMATORS: dict[str, Callable[[], KernelEstimator]] = {"roofline": _roofline, "
 DEFAULT_ESTIMATOR = "mlp"
 
 
-def get_estimator(name: str) -> KernelEstimator:
-    try:
-        return ESTIMATORS[name]()
-    except KeyError:
+def check_estimator_name(name: str) -> str:
+    """``name`` if it names an estimator, else an error that suggests the nearest name."""
+    if name not in ESTIMATORS:
         raise ServesimError(
             f"unknown estimator {name!r}.{suggest(name, ESTIMATORS)} Choose one of {', '.join(ESTIMATORS)}."
-        ) from None
+        )
+    return name
+
+
+def get_estimator(name: str) -> KernelEstimator:
+    return ESTIMATORS[check_estimator_name(name)]()

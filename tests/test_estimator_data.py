@@ -218,6 +218,14 @@ def test_eval_kernels_scores_five_predictors_on_seen_and_left_out_gpus():
         ("seen GPU, held-out shapes", "A100-SXM-80GB"), ("seen GPU, held-out shapes", "H100-SXM"),
         ("seen GPU, held-out shapes", "all"), ("unseen GPU", "H100-SXM")}
     assert (table[["roofline", "linear", "neusight", "habitat", "mlp"]] > 0).all().all()
+    # --max-epochs bounds the retrainings only: the seen rows use the shipped weights either way.
+    short = CliRunner().invoke(main, ["eval", "kernels", "--category", "rope", "--max-rows", "1500", "--vidur-root",
+                                      str(VIDUR), "--holdout", "H100", "--max-epochs", "1", "--csv"])
+    assert short.exit_code == 0, short.output
+    short_table = pd.read_csv(pd.io.common.StringIO(short.output))
+    seen = table["set"] != "unseen GPU"
+    pd.testing.assert_frame_equal(short_table[seen], table[seen])
+    assert short_table.loc[~seen, "mlp"].item() != table.loc[~seen, "mlp"].item()
 
 
 def _local_collection(directory: Path) -> Path:

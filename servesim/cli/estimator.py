@@ -41,12 +41,23 @@ def _options(vidur_root: Path, extra_data: Path | None):
     return DataOptions(vidur_root=vidur_root, extra_data=extra_data)
 
 
+def _max_epochs_option(func):
+    return click.option(
+        "--max-epochs", type=click.IntRange(min=1), default=None,
+        help="Stop training after this many epochs if early stopping has not stopped it sooner (default: 80, "
+             "TrainConfig's).")(func)
+
+
+def _train_config(seed: int, max_epochs: int | None):
+    from servesim.estimator.training import TrainConfig
+
+    return TrainConfig(seed=seed) if max_epochs is None else TrainConfig(seed=seed, max_epochs=max_epochs)
+
+
 @click.command("train")
 @_category_option(multiple=False)
 @_data_options
-@click.option("--max-epochs", type=click.IntRange(min=1), default=None,
-              help="Stop after this many epochs if early stopping has not stopped training sooner (default: 80, "
-                   "TrainConfig's).")
+@_max_epochs_option
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
 def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
@@ -56,14 +67,13 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
 
     from servesim.estimator.datasets import load_samples, split_by_shape
     from servesim.estimator.mlp import WEIGHTS_DIR, save_weights
-    from servesim.estimator.training import TrainConfig, train_mlp
+    from servesim.estimator.training import train_mlp
 
     start = time.perf_counter()
     samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
     loaded = time.perf_counter() - start
-    config = TrainConfig(seed=seed) if max_epochs is None else TrainConfig(seed=seed, max_epochs=max_epochs)
-    result = train_mlp(samples, split.train, split.val, config)
+    result = train_mlp(samples, split.train, split.val, _train_config(seed, max_epochs))
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
     click.echo(
@@ -91,9 +101,11 @@ def _predictions(train, test, mlp_us, predictors: tuple[str, ...]) -> dict:
 @_data_options
 @click.option("--holdout", "holdouts", multiple=True, metavar="GPU",
               help="Retrain without this GPU and score on it (repeatable).")
+@_max_epochs_option
 @output_format_options
 def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, vidur_root: Path,
-                         extra_data: Path | None, holdouts: tuple[str, ...], output_format: str) -> None:
+                         extra_data: Path | None, holdouts: tuple[str, ...], max_epochs: int | None,
+                         output_format: str) -> None:
     """MAPE (%) of predicted kernel times per category and GPU for the roofline, the baselines (linear, NeuSight,
     Habitat) and the MLP.
 
@@ -107,7 +119,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     from servesim.estimator.baselines import BASELINES
     from servesim.estimator.datasets import load_samples, split_by_shape
     from servesim.estimator.mlp import shipped_weights
-    from servesim.estimator.training import TrainConfig, mape_by_gpu, predict_samples_us, train_mlp
+    from servesim.estimator.training import mape_by_gpu, predict_samples_us, train_mlp
     from servesim.hardware import get_gpu
 
     start = time.perf_counter()
@@ -129,7 +141,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
             held = samples.gpu == gpu_name
             if not held.any():
                 continue
-            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed))
+            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, _train_config(seed, max_epochs))
             unseen = samples.subset(held)
             predictions = _predictions(samples.subset(~held), unseen, predict_samples_us(result.weights, unseen),
                                        predictors)
@@ -143,7 +155,9 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
         "on GPU-level compute and DRAM time; neusight: tile waves x roofline / learned utilisation; habitat: the "
         "same shape measured on the nearest training GPU, wave-scaled (roofline where no training GPU measured "
         "it, i.e. every held-out shape); mlp: (theoretical time + latency floor) / learned efficiency.",
-        f"{max_rows:,} sampled rows per category, seed {seed}; took {time.perf_counter() - start:.0f} s.",
+        f"{max_rows:,} sampled rows per category, seed {seed}"
+        + ("" if max_epochs is None else f", retrainings up to {max_epochs} epochs")
+        + f"; took {time.perf_counter() - start:.0f} s.",
     )
     emit(rows, columns, output_format, title="Kernel time estimators: MAPE per category and GPU", notes=notes)
 

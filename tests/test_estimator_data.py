@@ -196,9 +196,13 @@ def test_train_and_efficiency_commands_on_a_small_category(tmp_path):
     runner = CliRunner()
     out = tmp_path / "rope.npz"
     result = runner.invoke(main, ["train", "--category", "rope", "--max-rows", "400", "--vidur-root", str(VIDUR),
-                                  "--max-epochs", "2", "--output", str(out)])
+                                  "--max-epochs", "2", "--patience-epochs", "5", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert out.exists() and "training rows, 2 epochs" in result.output and " s in all" in result.output
+    from servesim.estimator.mlp import load_weights
+
+    metadata = load_weights(out).metadata
+    assert (metadata["patience_epochs"], metadata["lr_patience_epochs"]) == ("5", "3")  # set, and the default
     result = runner.invoke(main, ["eval", "efficiency", "--category", "rope", "--max-rows", "400", "--vidur-root",
                                   str(VIDUR), "--csv"])
     assert result.exit_code == 0, result.output

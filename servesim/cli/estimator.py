@@ -41,27 +41,37 @@ def _options(vidur_root: Path, extra_data: Path | None):
     return DataOptions(vidur_root=vidur_root, extra_data=extra_data)
 
 
-def _max_epochs_option(func):
-    return click.option(
-        "--max-epochs", type=click.IntRange(min=1), default=None,
-        help="Stop training after this many epochs if early stopping has not stopped it sooner (default: 80, "
-             "TrainConfig's).")(func)
+def _schedule_options(func):
+    """``--max-epochs``, ``--patience-epochs`` and ``--lr-patience-epochs``; unset, TrainConfig's defaults."""
+    for name, help_text in reversed((
+        ("--max-epochs", "Stop training after this many epochs if early stopping has not stopped it sooner "
+                         "[default: 80]."),
+        ("--patience-epochs", "Early stopping: stop after this many epochs without a better validation MAPE "
+                              "[default: 10]."),
+        ("--lr-patience-epochs", "Halve the learning rate after this many epochs without a better validation MAPE "
+                                 "[default: 3]."),
+    )):
+        func = click.option(name, type=click.IntRange(min=1), default=None, help=help_text)(func)
+    return func
 
 
-def _train_config(seed: int, max_epochs: int | None):
+def _train_config(seed: int, max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None):
     from servesim.estimator.training import TrainConfig
 
-    return TrainConfig(seed=seed) if max_epochs is None else TrainConfig(seed=seed, max_epochs=max_epochs)
+    schedule = {"max_epochs": max_epochs, "patience_epochs": patience_epochs,
+                "lr_patience_epochs": lr_patience_epochs}
+    return TrainConfig(seed=seed, **{name: value for name, value in schedule.items() if value is not None})
 
 
 @click.command("train")
 @_category_option(multiple=False)
 @_data_options
-@_max_epochs_option
+@_schedule_options
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
 def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
-                  max_epochs: int | None, output: Path | None) -> None:
+                  max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None,
+                  output: Path | None) -> None:
     """Train one category's MLP on every measured GPU (training shapes only) and write its weights."""
     import time
 
@@ -73,7 +83,8 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
     loaded = time.perf_counter() - start
-    result = train_mlp(samples, split.train, split.val, _train_config(seed, max_epochs))
+    config = _train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
+    result = train_mlp(samples, split.train, split.val, config)
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
     click.echo(
@@ -101,11 +112,11 @@ def _predictions(train, test, mlp_us, predictors: tuple[str, ...]) -> dict:
 @_data_options
 @click.option("--holdout", "holdouts", multiple=True, metavar="GPU",
               help="Retrain without this GPU and score on it (repeatable).")
-@_max_epochs_option
+@_schedule_options
 @output_format_options
 def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, vidur_root: Path,
                          extra_data: Path | None, holdouts: tuple[str, ...], max_epochs: int | None,
-                         output_format: str) -> None:
+                         patience_epochs: int | None, lr_patience_epochs: int | None, output_format: str) -> None:
     """MAPE (%) of predicted kernel times per category and GPU for the roofline, the baselines (linear, NeuSight,
     Habitat) and the MLP.
 
@@ -123,6 +134,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     from servesim.hardware import get_gpu
 
     start = time.perf_counter()
+    config = _train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
     predictors = ("roofline", *BASELINES, "mlp")
     held_gpus = tuple(get_gpu(h).name for h in holdouts)
     rows = []
@@ -141,7 +153,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
             held = samples.gpu == gpu_name
             if not held.any():
                 continue
-            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, _train_config(seed, max_epochs))
+            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, config)
             unseen = samples.subset(held)
             predictions = _predictions(samples.subset(~held), unseen, predict_samples_us(result.weights, unseen),
                                        predictors)
@@ -155,9 +167,9 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
         "on GPU-level compute and DRAM time; neusight: tile waves x roofline / learned utilisation; habitat: the "
         "same shape measured on the nearest training GPU, wave-scaled (roofline where no training GPU measured "
         "it, i.e. every held-out shape); mlp: (theoretical time + latency floor) / learned efficiency.",
-        f"{max_rows:,} sampled rows per category, seed {seed}"
-        + ("" if max_epochs is None else f", retrainings up to {max_epochs} epochs")
-        + f"; took {time.perf_counter() - start:.0f} s.",
+        f"{max_rows:,} sampled rows per category, seed {seed}; retrainings up to {config.max_epochs} epochs, "
+        f"stopped after {config.patience_epochs} without a better validation MAPE; took "
+        f"{time.perf_counter() - start:.0f} s.",
     )
     emit(rows, columns, output_format, title="Kernel time estimators: MAPE per category and GPU", notes=notes)
 

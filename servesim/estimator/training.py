@@ -157,6 +157,7 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray, config
     metadata = {
         "seed": str(config.seed), "train_rows": str(int(train.sum())), "val_rows": str(int(val.sum())),
         "gpus": ",".join(gpus), "epochs": str(epoch), "best_epoch": str(best[1]),
+        "patience_epochs": str(config.patience_epochs), "lr_patience_epochs": str(config.lr_patience_epochs),
         "best_val_mape_pct": f"{best[0]:.2f}", "train_seconds": f"{seconds:.1f}", "torch": torch.__version__,
     }
     weights = export_weights(network, samples.category, names, mean, scale, fixed, efficiency_max, floor_us,

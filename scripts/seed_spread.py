@@ -24,7 +24,7 @@ from ablate_spec_features import spec_variants
 
 from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
 from servesim.estimator.inputs import candidate_inputs, input_names
-from servesim.estimator.mlp import MlpWeights, forward_efficiency
+from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us
 from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
 from servesim.features import SPEC_FEATURES
 from servesim.hardware import GpuSpec, get_gpu
@@ -46,8 +46,7 @@ def linear_kernels(category: str) -> list:
 
 def predict_us(weights: MlpWeights, kernels: list, gpu: GpuSpec) -> np.ndarray:
     """Like ``predict_category_us``, from the inputs the weights were trained on (with or without the spec vector)."""
-    inputs = candidate_inputs(kernels, gpu).select(weights.feature_names)
-    return weights.base_time_us(inputs.column("theoretical_time_us")) / forward_efficiency(weights, inputs.values)
+    return predict_from_inputs_us(weights, candidate_inputs(kernels, gpu))
 
 
 def geometric_mean(times_us: list[np.ndarray]) -> np.ndarray:

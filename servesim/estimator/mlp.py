@@ -29,6 +29,7 @@ import numpy as np
 
 from servesim.errors import ServesimError
 from servesim.estimator.inputs import estimator_inputs
+from servesim.features import FeatureMatrix
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
@@ -135,6 +136,13 @@ def shipped_weights() -> dict[str, MlpWeights]:
     return {path.stem: load_weights(path) for path in sorted(WEIGHTS_DIR.glob("*.npz"))}
 
 
+def predict_from_inputs_us(weights: MlpWeights, inputs: FeatureMatrix) -> np.ndarray:
+    """Base time over predicted efficiency, from a matrix holding (at least) the inputs the weights were trained
+    on: the shipped estimator's, measured samples' candidate inputs, or a trial's."""
+    efficiency = forward_efficiency(weights, inputs.select(weights.feature_names).values)
+    return weights.base_time_us(inputs.column("theoretical_time_us")) / efficiency
+
+
 def predict_category_us(weights: MlpWeights, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
     """Times of kernels of ``weights.category`` on ``gpu``: base time over predicted efficiency."""
     matrix = estimator_inputs(kernels, gpu)
@@ -143,7 +151,7 @@ def predict_category_us(weights: MlpWeights, kernels: Sequence[Kernel], gpu: Gpu
             f"the {weights.category} estimator weights were trained on other features than servesim computes "
             "now; retrain them with `servesim train`"
         )
-    return weights.base_time_us(matrix.column("theoretical_time_us")) / forward_efficiency(weights, matrix.values)
+    return predict_from_inputs_us(weights, matrix)
 
 
 class MlpEstimator:

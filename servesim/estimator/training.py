@@ -17,7 +17,7 @@ import numpy as np
 
 from servesim.estimator.datasets import KernelSamples
 from servesim.estimator.inputs import input_names
-from servesim.estimator.mlp import MlpWeights, transform_inputs
+from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us, transform_inputs
 
 
 @dataclass(frozen=True)
@@ -167,10 +167,7 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray, config
 
 def predict_samples_us(weights: MlpWeights, samples: KernelSamples) -> np.ndarray:
     """The MLP's times for measured samples, from their already computed features (those the weights use)."""
-    from servesim.estimator.mlp import forward_efficiency
-
-    inputs = samples.features.select(weights.feature_names).values
-    return weights.base_time_us(samples.theoretical_us) / forward_efficiency(weights, inputs)
+    return predict_from_inputs_us(weights, samples.features)
 
 
 def roofline_samples_us(samples: KernelSamples) -> np.ndarray:

@@ -63,8 +63,11 @@ class FeatureMatrix:
         return {n: self.values[:, i] for i, n in enumerate(self.names)}
 
     def select(self, names: Sequence[str]) -> FeatureMatrix:
-        """The columns ``names``, in that order."""
-        return FeatureMatrix(tuple(names), self.values[:, [self.names.index(n) for n in names]])
+        """The columns ``names``, in that order (this matrix itself, uncopied, when that is all of them)."""
+        names = tuple(names)
+        if names == self.names:
+            return self
+        return FeatureMatrix(names, self.values[:, [self.names.index(n) for n in names]])
 
 
 @lru_cache(maxsize=256)

@@ -262,3 +262,11 @@ def test_a_kernels_prediction_does_not_depend_on_the_kernels_predicted_with_it()
     order = list(range(len(kernels)))
     random.Random(0).shuffle(order)
     np.testing.assert_array_equal(estimator.predict_us([kernels[i] for i in order], gpu), alone[order])
+
+
+def test_an_empty_batch_gets_no_times():
+    from servesim.estimator.mlp import predict_category_us
+
+    weights = shipped_weights()["gemm"]
+    assert forward_efficiency(weights, np.zeros((0, len(weights.feature_names)))).shape == (0,)
+    assert predict_category_us(weights, [], get_gpu("H100")).shape == (0,)

@@ -88,7 +88,7 @@ def forward_efficiency(weights: MlpWeights, features: np.ndarray) -> np.ndarray:
     rows = len(x)
     blocks = -(-rows // FORWARD_BLOCK_ROWS)
     x = np.concatenate([x, np.zeros((blocks * FORWARD_BLOCK_ROWS - rows, x.shape[1]), dtype=np.float32)])
-    x = x.reshape(blocks, FORWARD_BLOCK_ROWS, -1)
+    x = x.reshape(blocks, FORWARD_BLOCK_ROWS, x.shape[1])
     *hidden, (w_out, b_out) = weights.layers
     for w, b in hidden:
         x = np.maximum(x @ w + b, 0.0)
@@ -145,6 +145,8 @@ def predict_from_inputs_us(weights: MlpWeights, inputs: FeatureMatrix) -> np.nda
 
 def predict_category_us(weights: MlpWeights, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
     """Times of kernels of ``weights.category`` on ``gpu``: base time over predicted efficiency."""
+    if not kernels:
+        return np.zeros(0)
     matrix = estimator_inputs(kernels, gpu)
     if matrix.names != weights.feature_names:
         raise ServesimError(

@@ -9,7 +9,8 @@ by every seed; a GPU outside the training range is not. ``--spec-vector kept|dro
 without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``scripts/ablate_spec_features.py`` does; by
 default the networks see what the shipped one does (``servesim.estimator.inputs.SPEC_FREE_CATEGORIES``). It also
 scores each seed's network, and the seeds' geometric mean (what an ensemble of them would predict), on the sample's
-held-out shapes.
+held-out shapes. ``--max-epochs``, ``--patience-epochs`` and ``--lr-patience-epochs`` set the training schedule
+as for ``servesim train``.
 
     python scripts/seed_spread.py --category gemm --seed 0 --seed 1 --seed 2 --seed 3 --seed 4
 """
@@ -22,10 +23,11 @@ import click
 import numpy as np
 from ablate_spec_features import spec_variants
 
+from servesim.cli.estimator import schedule_options, train_config
 from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
 from servesim.estimator.inputs import candidate_inputs, input_names
 from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us
-from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.estimator.training import mape, predict_samples_us, train_mlp
 from servesim.features import SPEC_FEATURES
 from servesim.hardware import GpuSpec, get_gpu
 from servesim.kernels.types import Gemm, ScaledMM
@@ -63,8 +65,9 @@ def geometric_mean(times_us: list[np.ndarray]) -> np.ndarray:
 @click.option("--sample-seed", type=int, default=0, show_default=True)
 @click.option("--spec-vector", type=click.Choice(["shipped", "kept", "dropped"]), default="shipped", show_default=True,
               help="Train and predict with the GPU's spec vector, without it, or as the shipped estimator does.")
+@schedule_options
 def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows: int, sample_seed: int,
-         spec_vector: str) -> None:
+         spec_vector: str, max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
     names = (input_names(category, samples.features.names) if spec_vector == "shipped"
              else spec_variants(samples)[f"spec {spec_vector}"])
@@ -77,7 +80,8 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
     test_predicted_us = []
     for seed in seeds:
         start = time.perf_counter()
-        weights = train_mlp(samples, split.train, split.val, TrainConfig(seed=seed), names).weights
+        weights = train_mlp(samples, split.train, split.val,
+                            train_config(seed, max_epochs, patience_epochs, lr_patience_epochs), names).weights
         test_predicted_us.append(predict_samples_us(weights, test))
         for spec in specs:
             if category == "scaled_mm" and "fp8" not in spec.tensor_flops_per_sm_per_cycle:

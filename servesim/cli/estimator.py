@@ -5,10 +5,14 @@ left out of training), and inspect the efficiency targets they learn."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
+
+if TYPE_CHECKING:
+    from servesim.estimator.training import TrainConfig
 
 _DATA_OPTIONS = (
     click.option("--max-rows", default=200_000, show_default=True,
@@ -41,7 +45,7 @@ def _options(vidur_root: Path, extra_data: Path | None):
     return DataOptions(vidur_root=vidur_root, extra_data=extra_data)
 
 
-def _schedule_options(func):
+def schedule_options(func):
     """``--max-epochs``, ``--patience-epochs`` and ``--lr-patience-epochs``; unset, TrainConfig's defaults."""
     for name, help_text in reversed((
         ("--max-epochs", "Stop training after this many epochs if early stopping has not stopped it sooner "
@@ -55,7 +59,9 @@ def _schedule_options(func):
     return func
 
 
-def _train_config(seed: int, max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None):
+def train_config(seed: int, max_epochs: int | None, patience_epochs: int | None,
+                 lr_patience_epochs: int | None) -> TrainConfig:
+    """A training configuration from :func:`schedule_options`' values (None: TrainConfig's default)."""
     from servesim.estimator.training import TrainConfig
 
     schedule = {"max_epochs": max_epochs, "patience_epochs": patience_epochs,
@@ -66,7 +72,7 @@ def _train_config(seed: int, max_epochs: int | None, patience_epochs: int | None
 @click.command("train")
 @_category_option(multiple=False)
 @_data_options
-@_schedule_options
+@schedule_options
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
 def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
@@ -83,7 +89,7 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
     loaded = time.perf_counter() - start
-    config = _train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
+    config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
     result = train_mlp(samples, split.train, split.val, config)
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
@@ -112,7 +118,7 @@ def _predictions(train, test, mlp_us, predictors: tuple[str, ...]) -> dict:
 @_data_options
 @click.option("--holdout", "holdouts", multiple=True, metavar="GPU",
               help="Retrain without this GPU and score on it (repeatable).")
-@_schedule_options
+@schedule_options
 @output_format_options
 def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, vidur_root: Path,
                          extra_data: Path | None, holdouts: tuple[str, ...], max_epochs: int | None,
@@ -134,7 +140,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     from servesim.hardware import get_gpu
 
     start = time.perf_counter()
-    config = _train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
+    config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
     predictors = ("roofline", *BASELINES, "mlp")
     held_gpus = tuple(get_gpu(h).name for h in holdouts)
     rows = []

@@ -7,7 +7,8 @@ spec features kept and dropped, on validation GPUs that are not among ``servesim
 GPUs' held-out shapes. Settings follow ``servesim eval kernels --holdout``: a seeded sample, the validation shapes of
 the other GPUs for early stopping. ``--drop NAME`` leaves out only the named spec inputs instead of all nine.
 ``--ablate relative-pipes`` instead compares the shipped inputs with the same plus each pipe's busiest-SM cycles
-over the slowest pipe's (:data:`RELATIVE_PIPE_FEATURES`, a trial not kept; docs/estimator.md).
+over the slowest pipe's (:data:`RELATIVE_PIPE_FEATURES`, a trial not kept; docs/accuracy.md), ``--ablate both`` the
+spec vector kept and dropped, each with and without them.
 
     python scripts/ablate_spec_features.py --category gemm --gpu A100 --gpu H100 --gpu B200 --gpu GB200 \\
         --seed 0 --seed 1
@@ -50,12 +51,20 @@ def with_relative_pipe_cycles(samples: KernelSamples) -> KernelSamples:
                                                    np.hstack([features.values, relative])))
 
 
-def relative_pipe_variants(samples: KernelSamples) -> dict[str, tuple[str, ...]]:
-    """The category's shipped network inputs, and the same plus :data:`RELATIVE_PIPE_FEATURES` (which ``samples``
-    must hold: :func:`with_relative_pipe_cycles`)."""
-    shipped = input_names(samples.category, samples.features.names)
-    shipped = tuple(name for name in shipped if name not in RELATIVE_PIPE_FEATURES)
-    return {"relative pipes": (*shipped, *RELATIVE_PIPE_FEATURES), "shipped": shipped}
+def input_variants(samples: KernelSamples, ablate: str, dropped: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The variants to compare: :func:`spec_variants` (``ablate`` "spec"), or the shipped inputs ("relative-pipes")
+    or both of :func:`spec_variants` ("both"), each with and without :data:`RELATIVE_PIPE_FEATURES` (which
+    ``samples`` must then hold: :func:`with_relative_pipe_cycles`)."""
+    spec = spec_variants(samples, dropped or SPEC_FEATURES)
+    if ablate == "spec":
+        return spec
+    bases = spec if ablate == "both" else {"shipped": input_names(samples.category, samples.features.names)}
+    variants = {}
+    for label, names in bases.items():
+        names = tuple(name for name in names if name not in RELATIVE_PIPE_FEATURES)
+        variants[f"{label}, relative pipes"] = (*names, *RELATIVE_PIPE_FEATURES)
+        variants[label] = names
+    return variants
 
 
 @click.command()
@@ -65,20 +74,18 @@ def relative_pipe_variants(samples: KernelSamples) -> dict[str, tuple[str, ...]]
               help="Training seed (repeatable); the sample and split stay at --sample-seed.")
 @click.option("--max-rows", type=int, default=40000, show_default=True)
 @click.option("--sample-seed", type=int, default=0, show_default=True)
-@click.option("--ablate", type=click.Choice(["spec", "relative-pipes"]), default="spec", show_default=True,
-              help="Which inputs the two variants differ in.")
+@click.option("--ablate", type=click.Choice(["spec", "relative-pipes", "both"]), default="spec", show_default=True,
+              help="Which inputs the variants differ in.")
 @click.option("--drop", "dropped", multiple=True, type=click.Choice(SPEC_FEATURES),
               help="Leave out only this spec input in the dropped variant (repeatable; default: all of them).")
 def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows: int, sample_seed: int,
          ablate: str, dropped: tuple[str, ...]) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
-    if ablate == "spec":
-        variants = spec_variants(samples, dropped or SPEC_FEATURES)
-    else:
+    if ablate != "spec":
         samples = with_relative_pipe_cycles(samples)
-        variants = relative_pipe_variants(samples)
+    variants = input_variants(samples, ablate, dropped)
     split = split_by_shape(samples.shape_id, sample_seed)
-    click.echo("category   GPU            seed  variant          MAPE %  bias %  others %  seconds")
+    click.echo("category   GPU            seed  variant                         MAPE %  bias %  others %  seconds")
     for gpu_name in (get_gpu(g).name for g in gpus):
         held = samples.gpu == gpu_name
         if not held.any():
@@ -93,7 +100,7 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
                 predicted = predict_samples_us(weights, unseen)
                 bias = 100 * float(np.mean(predicted / unseen.measured_us - 1))
                 others_mape = mape(predict_samples_us(weights, others), others.measured_us)
-                click.echo(f"{category:<10} {gpu_name:<14} {seed:>4}  {variant:<15} "
+                click.echo(f"{category:<10} {gpu_name:<14} {seed:>4}  {variant:<30} "
                            f"{mape(predicted, unseen.measured_us):>7.1f} {bias:>+7.1f} {others_mape:>9.1f} "
                            f"{time.perf_counter() - start:>8.0f}")
 

@@ -104,5 +104,6 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
                            f"{mape(predicted, unseen.measured_us):>7.1f} {bias:>+7.1f} {others_mape:>9.1f} "
                            f"{time.perf_counter() - start:>8.0f}")
 
+
 if __name__ == "__main__":
     main()

@@ -187,6 +187,7 @@ def test_fp8_prefill_linears_are_faster_than_bf16_ones(gpu_name):
     bf16 = MlpEstimator().predict_us([Gemm(m=m, n=n, k=k) for m, n, k in shapes], gpu)
     assert np.all(fp8 < bf16), dict(zip(shapes, np.round(fp8 / bf16, 2)))
 
+
 def test_every_catalogue_gpu_gets_efficiencies_inside_the_output_range():
     """A GPU nobody measured must not drive a category's network into its floor or ceiling (as an XU rate or CTA
     count outside the training rows once did): a llama3-8b step's learned kernels keep an efficiency above 0.05

@@ -17,7 +17,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
 #: A small, fast plan: llama3-8b on one layout, short fixed-length requests.
 SMALL = ("--model", "llama3-8b", "--tp", "1", "--pp", "1", "--workload", "fixed:512:48", "-n", "300", "--jobs", "1")
 
-PLAN_KEYS = ["schema_version", "model", "dtype", "kv_cache_dtype", "engine", "estimator", "estimator_label", "workload",
+PLAN_KEYS = ["schema_version", "model", "dtype", "kv_cache_dtype", "engine", "estimator", "estimator_label",
+             "estimator_coverage", "workload",
              "search", "target", "slos", "gpu_budget", "recommendation", "infeasible", "options"]
 OPTION_KEYS = ["rank", "gpu", "layout", "tp", "pp", "gpus_per_replica", "status", "capacity_qps",
                "capacity_concurrency", "slo_values_ms", "binding", "replicas", "total_gpus", "usd_per_gpu_hour",

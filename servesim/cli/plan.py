@@ -84,6 +84,7 @@ def _quick_row(est) -> dict:
 
 def _quick(request, kernel_estimator, input_len: int, output_len: int, output_format: str) -> None:
     """The analytical estimate per GPU and layout (no traffic simulated)."""
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage
     from servesim.planner.estimate import estimate_gpu
     from servesim.planner.plan import candidate_layouts
 
@@ -98,6 +99,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     if len(misfits) == len(rows) and output_format == "table":
         reasons = "; ".join(f"{r['gpu']} {r['layout']}: {r['note']}" for r in misfits)
         raise ServesimError(f"{model.name} ({dtype}) does not fit: {reasons}")
+    coverages = estimator_coverage(kernel_estimator, request.gpus, dtype)
     title = (
         f"{model.name} ({dtype}) with {request.engine}, {input_len} prompt + {output_len} output tokens per request "
         f"(quick estimate, no traffic simulated)\nestimator: {kernel_estimator.label}"
@@ -108,11 +110,12 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
         *(f"{r['gpu']} {r['layout']}: does not fit — {r['note']}" for r in misfits),
         *dict.fromkeys(f"{r['gpu']} price ${r['price_usd_per_gpu_hour']:.2f}/GPU-h as of {r['price_date']}"
                        for r in rows),
+        *coverage_notes(coverages),
     ]
     payload = {
         "model": model.name, "engine": request.engine, "dtype": dtype, "input_len": input_len,
         "output_len": output_len, "estimator": kernel_estimator.name, "estimator_label": kernel_estimator.label,
-        "options": rows,
+        "estimator_coverage": [c.to_json() for c in coverages], "options": rows,
     }
     emit(rows, QUICK_COLUMNS, output_format, title=title, notes=notes, json_payload=payload)
     if misfits and len(misfits) == len(rows):
@@ -285,6 +288,7 @@ def _base_workload(source: str, num_requests: int | None, arrival: str | None, s
 
 def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str, address: str | None,
               jobs: int | None, plot_dir: Path | None, output_format: str) -> None:
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage
     from servesim.planner.executor import make_executor
     from servesim.planner.plan import option_tasks, plan_payload, run_plan
 
@@ -303,7 +307,8 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
                             tasks=tasks)
     finally:
         executor.close()
-    payload = plan_payload(plan, kernel_estimator.label)
+    coverages = estimator_coverage(kernel_estimator, request.gpus, request.dtype)
+    payload = plan_payload(plan, kernel_estimator.label, coverages)
     if plot_dir is not None:
         from servesim.planner.plots import write_plots
 
@@ -323,6 +328,7 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
                  "assume the load splits evenly over identical replicas.")
     notes += list(dict.fromkeys(f"{g.name} price ${g.price_usd_per_gpu_hour:.2f}/GPU-h as of {g.price_date}"
                                 for g in request.gpus))
+    notes += coverage_notes(coverages)
     if plot_dir is not None:
         notes.append(f"plots: {len(written)} PNG files in {plot_dir}")
     emit(rows, _plan_columns(request), output_format,

@@ -112,6 +112,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     servesim simulate --model llama3-8b --gpu H100 --workload splitwise-conv --qps 4 -n 2000
     servesim simulate --model llama3-70b --tp 4 --engine sglang --workload fixed:1024:256 --concurrency 16
     """
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
@@ -144,8 +145,10 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     ]
     if slos:
         notes.append(f"goodput {summary['goodput_req_per_s']:,.2f} req/s meeting {goodput_text}")
-    emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=notes,
-         json_payload={"config": dict(result.info), "summary": summary})
+    coverages = estimator_coverage(step_model.estimator, [gpu], dtype)
+    emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=[*notes, *coverage_notes(coverages)],
+         json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages],
+                       "summary": summary})
 
 
 @click.command("latency")
@@ -161,6 +164,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
     \b
     servesim latency --model llama3-8b --gpu H100 --batch-size 8 --input-len 32 --output-len 128
     """
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
@@ -178,7 +182,9 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
                Column("steps", "steps", ",d"))
     title = (f"{model.name} on {par} {gpu.name}, {cfg.engine} {cfg.version}: batch {batch_size}, input {input_len}, "
              f"output {output_len}")
-    emit([row], columns, output_format, title=title, json_payload={"config": dict(result.info), **row})
+    coverages = estimator_coverage(step_model.estimator, [gpu], dtype)
+    emit([row], columns, output_format, title=title, notes=coverage_notes(coverages),
+         json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages], **row})
 
 
 COMMANDS = [simulate_command, latency_command]

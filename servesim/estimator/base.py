@@ -20,6 +20,10 @@ class KernelEstimator(Protocol):
 
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray: ...
 
+    def trained_gpus(self) -> tuple[str, ...]:
+        """Catalogue names of the GPUs whose measured kernels it learned from; empty for an analytical one."""
+        ...
+
 
 def _roofline() -> KernelEstimator:
     from servesim.estimator.roofline import RooflineEstimator

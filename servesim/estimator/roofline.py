@@ -35,6 +35,9 @@ class RooflineEstimator:
     name = "roofline"
     label = "roofline (analytical peak compute / DRAM bandwidth, no learned correction)"
 
+    def trained_gpus(self) -> tuple[str, ...]:
+        return ()
+
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
         flops = np.fromiter((k.flops() for k in kernels), dtype=float, count=len(kernels))
         bytes_moved = np.fromiter((k.bytes_moved() for k in kernels), dtype=float, count=len(kernels))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
+from servesim.estimator.coverage import Coverage
 from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB
@@ -432,8 +433,9 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
     }
 
 
-def plan_payload(plan: Plan, estimator_label: str) -> dict:
-    """The whole plan as ``servesim plan --json`` prints it (docs/planner.md lists every key)."""
+def plan_payload(plan: Plan, estimator_label: str, coverages: Sequence[Coverage] = ()) -> dict:
+    """The whole plan as ``servesim plan --json`` prints it (docs/planner.md lists every key); ``coverages``: how
+    each planned GPU stands on the estimator's measured GPUs (:func:`servesim.estimator.coverage.estimator_coverage`)."""
     request = plan.request
     workload = request.workload
     recommended = plan.recommended
@@ -445,6 +447,7 @@ def plan_payload(plan: Plan, estimator_label: str) -> dict:
         "engine": request.engine,
         "estimator": request.estimator,
         "estimator_label": estimator_label,
+        "estimator_coverage": [c.to_json() for c in coverages],
         "workload": {
             "name": workload.name,
             "requests": len(workload),

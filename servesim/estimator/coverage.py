@@ -1,0 +1,112 @@
+"""Where a learned estimator's predictions for a GPU stand on measurements: which GPUs its networks were trained on,
+and, for a GPU that is not one of them, which of its specification figures lie outside the trained GPUs' range.
+
+A GPU nobody measured is predicted from its specification sheet, which is the point of servesim, but how far the
+prediction carries depends on where the GPU sits: an H800 (an H100's SMs, memory and clocks) is inside the measured
+range, an H20 (a quarter of any trained Hopper's Tensor rate per SM) is not, and there networks that differ only in
+their training seed disagree by tens of percent (docs/accuracy.md, "Retraining and GPUs nobody measured"). Plans say
+so next to the numbers rather than leave the user to find out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+from servesim.estimator.base import KernelEstimator
+from servesim.hardware.catalogue import get_gpu
+from servesim.hardware.spec import GpuSpec
+
+#: Where docs explain what extrapolated predictions are worth.
+ACCURACY_DOC = 'docs/accuracy.md, "Retraining and GPUs nobody measured"'
+
+
+@dataclass(frozen=True)
+class OutOfRange:
+    """One specification figure of a GPU outside the range its estimator was trained on."""
+
+    quantity: str
+    value: float
+    trained_min: float
+    trained_max: float
+
+    def describe(self) -> str:
+        return (f"{self.quantity} {_figure(self.value)} (measured {_figure(self.trained_min)}–"
+                f"{_figure(self.trained_max)})")
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How a GPU stands on an estimator's training data."""
+
+    gpu: str
+    measured: bool
+    trained_gpus: tuple[str, ...]
+    out_of_range: tuple[OutOfRange, ...]
+
+    def note(self) -> str | None:
+        """One line for command output, or None for a GPU whose kernels were measured."""
+        if self.measured:
+            return None
+        head = f"{self.gpu}: not measured; kernel times extrapolated from {len(self.trained_gpus)} measured GPUs"
+        if not self.out_of_range:
+            return f"{head}, every figure checked within their range"
+        return (f"{head}, outside their range in {', '.join(o.describe() for o in self.out_of_range)}; read "
+                f"them as uncertain ({ACCURACY_DOC})")
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu, "measured": self.measured, "trained_gpus": list(self.trained_gpus),
+                "out_of_range": [asdict(o) for o in self.out_of_range]}
+
+
+def tensor_dtype(weights_dtype: str) -> str:
+    """The Tensor-pipe dtype a model's linears run in: ``fp8-block`` weights run FP8 MMAs like ``fp8`` ones."""
+    return "fp8" if weights_dtype.startswith("fp8") else weights_dtype
+
+
+def _checked_figures(dtype: str) -> tuple[tuple[str, Callable[[GpuSpec], float]], ...]:
+    """The figures the estimator's inputs scale with: SMs, clock, the linears' Tensor rate and the DRAM bandwidth
+    per SM (per clock, so that a GPU with more SMs on the same memory is told apart)."""
+    return (
+        ("SMs", lambda g: float(g.sm_count)),
+        ("sustained clock MHz", lambda g: g.sustained_clock_mhz),
+        (f"{dtype.upper()} Tensor FLOPs/SM/clock", lambda g: g.tensor_flops_per_sm_per_cycle.get(dtype, 0.0)),
+        ("DRAM bytes/SM/clock", lambda g: g.dram_bandwidth_gbps * 1e9 / (g.sm_count * g.clock_hz())),
+        ("L2 MiB", lambda g: g.l2_cache_mib),
+    )
+
+
+def coverage(gpu: GpuSpec, trained: Iterable[GpuSpec], weights_dtype: str) -> Coverage:
+    """How ``gpu`` stands on GPUs ``trained`` on, for a model with ``weights_dtype`` weights. Figures are
+    compared with the trained GPUs that have them (the A100 has no FP8 Tensor rate, so it does not widen FP8's); a
+    figure ``gpu`` lacks is not compared (the kernels then come from another path, or the model does not run)."""
+    trained = tuple(trained)
+    names = tuple(g.name for g in trained)
+    if gpu.name in names:
+        return Coverage(gpu.name, True, names, ())
+    outside = []
+    for quantity, figure in _checked_figures(tensor_dtype(weights_dtype)):
+        values = [figure(g) for g in trained if figure(g) > 0]
+        value = figure(gpu)
+        if values and value > 0 and not min(values) <= value <= max(values):
+            outside.append(OutOfRange(quantity, value, min(values), max(values)))
+    return Coverage(gpu.name, False, names, tuple(outside))
+
+
+def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec], weights_dtype: str) -> tuple[Coverage, ...]:
+    """:func:`coverage` of each of ``gpus`` on what ``estimator`` learned from; empty for an analytical estimator,
+    whose predictions stand on no measurement."""
+    trained_names = estimator.trained_gpus()
+    if not trained_names:
+        return ()
+    trained = tuple(get_gpu(name) for name in trained_names)
+    return tuple(coverage(gpu, trained, weights_dtype) for gpu in dict.fromkeys(gpus))
+
+
+def coverage_notes(coverages: Iterable[Coverage]) -> list[str]:
+    """The output lines of the GPUs whose kernels were not measured."""
+    return [note for c in coverages if (note := c.note()) is not None]

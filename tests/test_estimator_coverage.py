@@ -1,0 +1,49 @@
+"""Which GPUs' predictions stand on measured kernels, and what output says about the others."""
+
+import json
+
+from click.testing import CliRunner
+
+from servesim.cli import main
+from servesim.estimator import get_estimator
+from servesim.estimator.coverage import coverage, estimator_coverage
+from servesim.hardware import get_gpu
+
+MEASURED = tuple(get_gpu(name) for name in ("A100", "H100", "H200", "L40S", "B200"))
+
+
+def test_a_measured_gpu_gets_no_note():
+    (h100,) = estimator_coverage(get_estimator("mlp"), [get_gpu("H100")], "bf16")
+    assert h100.measured and h100.note() is None
+
+
+def test_a_gpu_like_a_measured_one_is_extrapolated_within_the_range():
+    h800 = coverage(get_gpu("H800"), MEASURED, "bf16")
+    assert not h800.measured and h800.out_of_range == ()
+    assert "not measured" in h800.note() and "within their range" in h800.note()
+
+
+def test_the_h20_lies_below_every_measured_gpu_in_sms_and_tensor_rate_per_sm():
+    bf16 = coverage(get_gpu("H20"), MEASURED, "bf16")
+    assert {o.quantity for o in bf16.out_of_range} == {"SMs", "BF16 Tensor FLOPs/SM/clock"}
+    sms = next(o for o in bf16.out_of_range if o.quantity == "SMs")
+    assert (sms.value, sms.trained_min, sms.trained_max) == (78, 108, 148)
+    assert "SMs 78 (measured 108–148)" in bf16.note() and "uncertain" in bf16.note()
+    # FP8's range comes from the GPUs with an FP8 Tensor rate: the A100's absence does not widen it downwards.
+    fp8 = coverage(get_gpu("H20"), MEASURED, "fp8-block")
+    tensor = next(o for o in fp8.out_of_range if o.quantity == "FP8 Tensor FLOPs/SM/clock")
+    assert tensor.trained_min == get_gpu("L40S").tensor_flops_per_sm_per_cycle["fp8"]
+
+
+def test_an_analytical_estimator_stands_on_no_measurement():
+    assert estimator_coverage(get_estimator("roofline"), [get_gpu("H20")], "bf16") == ()
+
+
+def test_plans_flag_the_unmeasured_gpu_in_the_table_and_in_json():
+    args = ["plan", "--model", "llama3-70b", "--tp", "4", "--pp", "1", "--gpus", "H100,H20", "--quick"]
+    table = CliRunner().invoke(main, args)
+    assert table.exit_code == 0, table.output
+    notes = [line for line in table.output.splitlines() if "not measured" in line]
+    assert len(notes) == 1 and notes[0].startswith("H20: ")
+    payload = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    assert {c["gpu"]: c["measured"] for c in payload["estimator_coverage"]} == {"H100-SXM": True, "H20": False}

@@ -47,3 +47,19 @@ def test_plans_flag_the_unmeasured_gpu_in_the_table_and_in_json():
     assert len(notes) == 1 and notes[0].startswith("H20: ")
     payload = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
     assert {c["gpu"]: c["measured"] for c in payload["estimator_coverage"]} == {"H100-SXM": True, "H20": False}
+
+
+def test_a_category_trained_on_fewer_gpus_is_judged_on_its_own():
+    """The element-wise networks learned from the A100 and H100 alone: an H200 RMSNorm is extrapolated though the
+    H200's GEMMs were measured, and outside those two GPUs' range it is in DRAM bytes per SM per clock, not in any
+    Tensor rate (RMSNorm does no Tensor work)."""
+    mlp = get_estimator("mlp")
+    assert mlp.trained_gpus("rmsnorm") == ("A100-SXM-80GB", "H100-SXM")
+    assert "H200" in mlp.trained_gpus("gemm") and "H200" in mlp.trained_gpus()
+    result = CliRunner().invoke(main, ["kernel", "rmsnorm", "--gpu", "H200", "--rows", "4096", "--dim", "8192",
+                                       "--json"])
+    payload = json.loads(result.output)
+    assert payload["estimator_coverage"]["measured"] is False
+    assert [o["quantity"] for o in payload["estimator_coverage"]["out_of_range"]] == ["DRAM bytes/SM/clock"]
+    gemm = CliRunner().invoke(main, ["kernel", "gemm", "--gpu", "H200", "--m", "64", "--n", "4096", "--k", "4096"])
+    assert gemm.exit_code == 0 and "not measured" not in gemm.output

@@ -30,11 +30,14 @@ def analyse(kernel: Any, gpu_name: str, estimator: str) -> dict[str, Any]:
     """Everything the explain view shows, as plain data (also the ``--json`` payload)."""
     from servesim.decompose import decompose, occupancy
     from servesim.estimator import get_estimator
+    from servesim.estimator.coverage import kernel_coverage
     from servesim.features import features_of, pipe_times_us
     from servesim.hardware import get_gpu
     from servesim.scheduler import schedule
 
     gpu = get_gpu(gpu_name)
+    kernel_estimator = get_estimator(estimator)
+    covered = kernel_coverage(kernel_estimator, kernel, gpu)
     feats = features_of(kernel, gpu)
     launches = []
     for launch in decompose(kernel, gpu):
@@ -57,7 +60,9 @@ def analyse(kernel: Any, gpu_name: str, estimator: str) -> dict[str, Any]:
         "gpu": gpu.name, "kernel": kernel.category, "shape": kernel.shape(), "dtype": kernel.dtype,
         "launches": launches, "features": feats, "pipe_time_us": pipes,
         "bottleneck": max(pipes, key=pipes.get), "theoretical_time_us": feats["theoretical_time_us"],
-        "estimator": estimator, "predicted_time_us": float(get_estimator(estimator).predict_us([kernel], gpu)[0]),
+        "estimator": estimator, "predicted_time_us": float(kernel_estimator.predict_us([kernel], gpu)[0]),
+        "estimator_coverage": None if covered is None else covered.to_json(),
+        "estimator_note": None if covered is None else covered.note(),
     }
 
 
@@ -83,6 +88,8 @@ def _print_explain(result: dict[str, Any]) -> None:
                                           Column("bound", "", align="<")], title="per-pipe roofline"))
     click.echo(f"theoretical time {result['theoretical_time_us']:,.3f} us ({result['bottleneck']}-bound); "
                f"predicted {result['predicted_time_us']:,.3f} us ({result['estimator']} estimator)")
+    if result["estimator_note"]:
+        click.echo(result["estimator_note"])
 
 
 def _run(kernel_factory, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
@@ -99,7 +106,8 @@ def _run(kernel_factory, gpu: str, estimator: str, explain: bool, output_format:
                 Column("tasks", "tasks", ",d"), Column("bottleneck", "bottleneck", align="<"),
                 Column("theoretical_ms", "theoretical (ms)", ".4f"),
                 Column("predicted_ms", f"{result['estimator']} (ms)", ".4f")]
-        emit([row], cols, output_format, json_payload=result)
+        emit([row], cols, output_format, notes=[result["estimator_note"]] if result["estimator_note"] else [],
+             json_payload=result)
     else:
         _print_explain(result)
 

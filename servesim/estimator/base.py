@@ -20,8 +20,9 @@ class KernelEstimator(Protocol):
 
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray: ...
 
-    def trained_gpus(self) -> tuple[str, ...]:
-        """Catalogue names of the GPUs whose measured kernels it learned from; empty for an analytical one."""
+    def trained_gpus(self, category: str | None = None) -> tuple[str, ...]:
+        """Catalogue names of the GPUs whose measured kernels it learned from, for one kernel category or (None)
+        any; empty for an analytical estimator or category."""
         ...
 
 

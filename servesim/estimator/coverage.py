@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 
 from servesim.estimator.base import KernelEstimator
 from servesim.hardware.catalogue import get_gpu
+from servesim.estimator.roofline import TENSOR_CATEGORIES
 from servesim.hardware.spec import GpuSpec
+from servesim.kernels.types import Kernel
 
 #: Where docs explain what extrapolated predictions are worth.
 ACCURACY_DOC = 'docs/accuracy.md, "Retraining and GPUs nobody measured"'
@@ -68,20 +70,23 @@ def tensor_dtype(weights_dtype: str) -> str:
     return "fp8" if weights_dtype.startswith("fp8") else weights_dtype
 
 
-def _checked_figures(dtype: str) -> tuple[tuple[str, Callable[[GpuSpec], float]], ...]:
-    """The figures the estimator's inputs scale with: SMs, clock, the linears' Tensor rate and the DRAM bandwidth
-    per SM (per clock, so that a GPU with more SMs on the same memory is told apart)."""
+def _checked_figures(dtype: str | None) -> tuple[tuple[str, Callable[[GpuSpec], float]], ...]:
+    """The figures the estimator's inputs scale with: SMs, clock, the Tensor rate of ``dtype`` (None: no Tensor
+    work) and the DRAM bandwidth per SM (per clock, so that a GPU with more SMs on the same memory is told apart)."""
+    tensor = () if dtype is None else (
+        (f"{dtype.upper()} Tensor FLOPs/SM/clock", lambda g: g.tensor_flops_per_sm_per_cycle.get(dtype, 0.0)),)
     return (
         ("SMs", lambda g: float(g.sm_count)),
         ("sustained clock MHz", lambda g: g.sustained_clock_mhz),
-        (f"{dtype.upper()} Tensor FLOPs/SM/clock", lambda g: g.tensor_flops_per_sm_per_cycle.get(dtype, 0.0)),
+        *tensor,
         ("DRAM bytes/SM/clock", lambda g: g.dram_bandwidth_gbps * 1e9 / (g.sm_count * g.clock_hz())),
         ("L2 MiB", lambda g: g.l2_cache_mib),
     )
 
 
-def coverage(gpu: GpuSpec, trained: Iterable[GpuSpec], weights_dtype: str) -> Coverage:
-    """How ``gpu`` stands on GPUs ``trained`` on, for a model with ``weights_dtype`` weights. Figures are
+def coverage(gpu: GpuSpec, trained: Iterable[GpuSpec], weights_dtype: str | None) -> Coverage:
+    """How ``gpu`` stands on GPUs ``trained`` on, for a model with ``weights_dtype`` weights (None: for work
+    that does not use the Tensor cores). Figures are
     compared with the trained GPUs that have them (the A100 has no FP8 Tensor rate, so it does not widen FP8's); a
     figure ``gpu`` lacks is not compared (the kernels then come from another path, or the model does not run)."""
     trained = tuple(trained)
@@ -89,7 +94,7 @@ def coverage(gpu: GpuSpec, trained: Iterable[GpuSpec], weights_dtype: str) -> Co
     if gpu.name in names:
         return Coverage(gpu.name, True, names, ())
     outside = []
-    for quantity, figure in _checked_figures(tensor_dtype(weights_dtype)):
+    for quantity, figure in _checked_figures(None if weights_dtype is None else tensor_dtype(weights_dtype)):
         values = [figure(g) for g in trained if figure(g) > 0]
         value = figure(gpu)
         if values and value > 0 and not min(values) <= value <= max(values):
@@ -110,3 +115,13 @@ def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec], weig
 def coverage_notes(coverages: Iterable[Coverage]) -> list[str]:
     """The output lines of the GPUs whose kernels were not measured."""
     return [note for c in coverages if (note := c.note()) is not None]
+
+
+def kernel_coverage(estimator: KernelEstimator, kernel: Kernel, gpu: GpuSpec) -> Coverage | None:
+    """:func:`coverage` of ``gpu`` on the GPUs that trained the network of ``kernel``'s category; None where no
+    network times it (an analytical estimator, or a category the roofline times)."""
+    trained_names = estimator.trained_gpus(kernel.category)
+    if not trained_names:
+        return None
+    dtype = kernel.dtype if kernel.category in TENSOR_CATEGORIES else None
+    return coverage(gpu, tuple(get_gpu(name) for name in trained_names), dtype)

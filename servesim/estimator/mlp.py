@@ -172,10 +172,11 @@ class MlpEstimator:
         learned = ", ".join(sorted(self._weights)) or "none"
         return f"mlp (per-category MLP on SynPerf features for {learned}; roofline for other categories)"
 
-    def trained_gpus(self) -> tuple[str, ...]:
-        """The GPUs any category's network was trained on, as its weights record them."""
-        return tuple(sorted({name for w in self._weights.values() for name in w.metadata.get("gpus", "").split(",")
-                             if name}))
+    def trained_gpus(self, category: str | None = None) -> tuple[str, ...]:
+        """The GPUs ``category``'s network (None: any network) was trained on, as its weights record them; none for
+        a category the roofline times."""
+        weights = self._weights.values() if category is None else [w for c, w in self._weights.items() if c == category]
+        return tuple(sorted({name for w in weights for name in w.metadata.get("gpus", "").split(",") if name}))
 
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
         """Each distinct kernel is predicted once (a step repeats its layers' kernels), batched per category."""

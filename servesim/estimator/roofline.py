@@ -35,7 +35,7 @@ class RooflineEstimator:
     name = "roofline"
     label = "roofline (analytical peak compute / DRAM bandwidth, no learned correction)"
 
-    def trained_gpus(self) -> tuple[str, ...]:
+    def trained_gpus(self, category: str | None = None) -> tuple[str, ...]:
         return ()
 
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:

@@ -180,12 +180,21 @@ def test_fp8_prefill_linears_are_faster_than_bf16_ones(gpu_name):
     """Llama-3-70B's TP4 linears at 4,096 and 8,192 tokens, compute-bound on every GPU: in FP8 (vLLM's per-tensor
     CUTLASS kernel, twice the BF16 Tensor rate, half the bytes) they take less time than in BF16. An input set that
     scored half a point better on measured GPUs once made the H20's FP8 prefill twice as slow as its BF16 one."""
-    gpu = get_gpu(gpu_name)
-    shapes = [(m, n, k) for m in (4096, 8192) for n, k in ((2560, 8192), (8192, 2048), (14336, 8192), (8192, 7168))]
-    fp8 = MlpEstimator().predict_us([ScaledMM(m=m, n=n, k=k, scale="tensor", library="cutlass")
-                                     for m, n, k in shapes], gpu)
-    bf16 = MlpEstimator().predict_us([Gemm(m=m, n=n, k=k) for m, n, k in shapes], gpu)
-    assert np.all(fp8 < bf16), dict(zip(shapes, np.round(fp8 / bf16, 2)))
+    from servesim.kernels.batch import BatchSpec, PrefillChunk
+    from servesim.kernels.expand import expand
+    from servesim.models import get_model
+
+    gpu, model = get_gpu(gpu_name), get_model("llama3-70b")
+
+    def linears(tokens: int, dtype: str) -> list:
+        step = expand("vllm", model, gpu, BatchSpec((PrefillChunk(tokens),), ()), tp=4, dtype=dtype)
+        return [k for k in step.layer_ops(step.first_layer) if k.category in ("gemm", "scaled_mm")]
+
+    fp8 = [k for tokens in (4096, 8192) for k in linears(tokens, "fp8")]
+    bf16 = [k for tokens in (4096, 8192) for k in linears(tokens, "bf16")]
+    assert [k.library for k in fp8] == ["cutlass"] * 8 and [k.category for k in bf16] == ["gemm"] * 8
+    ratio = MlpEstimator().predict_us(fp8, gpu) / MlpEstimator().predict_us(bf16, gpu)
+    assert np.all(ratio < 1), {f"{k.name} m={k.m}": r for k, r in zip(fp8, np.round(ratio, 2))}
 
 
 def test_every_catalogue_gpu_gets_efficiencies_inside_the_output_range():

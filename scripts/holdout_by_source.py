@@ -16,17 +16,16 @@ import click
 import numpy as np
 import pandas as pd
 
-from servesim.estimator.datasets import DataOptions, category_frame, load_samples, split_by_shape
+from servesim.estimator.datasets import DataOptions, category_frame, sample_frame, samples_from_frame, split_by_shape
 from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
 from servesim.hardware import get_gpu
 
 M_BANDS = (0, 16, 128, 1024, np.inf)
 
 
-def sibling_times_us(category: str, sibling: str) -> pd.Series:
-    """The sibling GPU's median measured time per (source, m, n, k), from every measured row (a source names its
-    scaling)."""
-    frame = category_frame(category, DataOptions()).frame
+def sibling_times_us(frame: pd.DataFrame, sibling: str) -> pd.Series:
+    """The sibling GPU's median measured time per (source, m, n, k), from every measured row of ``frame`` (a source
+    names its scaling)."""
     frame = frame[frame["gpu"].astype(str) == sibling]
     source = (frame["backend"].astype(str) + " " + frame["kernel_source"].astype(str)).rename("source")
     return frame["latency_us"].groupby([source, frame["m"], frame["n"], frame["k"]], observed=True).median()
@@ -40,7 +39,8 @@ def sibling_times_us(category: str, sibling: str) -> pd.Series:
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(category: str, holdout: str, sibling: str, max_rows: int, seed: int) -> None:
     holdout, sibling = get_gpu(holdout).name, get_gpu(sibling).name
-    samples = load_samples(category, max_rows=max_rows, seed=seed, options=DataOptions())
+    frame = category_frame(category, DataOptions()).frame
+    samples = samples_from_frame(category, sample_frame(frame, max_rows, seed))
     split = split_by_shape(samples.shape_id, seed)
     held = samples.gpu == holdout
     weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed)).weights
@@ -51,7 +51,7 @@ def main(category: str, holdout: str, sibling: str, max_rows: int, seed: int) ->
         "k": [k.k for k in kernels], "measured_us": unseen.measured_us, "mlp_us": predict_samples_us(weights, unseen),
     })
     index = pd.MultiIndex.from_frame(rows[["source", "m", "n", "k"]])
-    rows["sibling_us"] = sibling_times_us(category, sibling).reindex(index).to_numpy()
+    rows["sibling_us"] = sibling_times_us(frame, sibling).reindex(index).to_numpy()
     rows["band"] = pd.cut(rows["m"], M_BANDS, right=True)
     found = rows[rows.sibling_us.notna()]
     click.echo(f"{category}: {holdout} left out ({len(rows):,} sampled rows), MLP MAPE "

@@ -539,15 +539,20 @@ def samples_from_frame(category: str, frame: pd.DataFrame) -> KernelSamples:
     )
 
 
-def load_samples(category: str, max_rows: int | None = None, seed: int = 0, gpus: Sequence[str] | None = None,
-                 options: DataOptions = DataOptions()) -> KernelSamples:
-    """Measured samples of ``category`` (optionally only ``gpus``), a seeded random ``max_rows`` of them at most."""
-    frame = category_frame(category, options).frame
+def sample_frame(frame: pd.DataFrame, max_rows: int | None = None, seed: int = 0,
+                 gpus: Sequence[str] | None = None) -> pd.DataFrame:
+    """The rows of a measured frame (optionally only those of ``gpus``), a seeded random ``max_rows`` of them at most."""
     if gpus is not None:
         frame = frame[frame["gpu"].isin(list(gpus))]
     if max_rows is not None and len(frame) > max_rows:
         frame = frame.sample(n=max_rows, random_state=seed)
-    return samples_from_frame(category, frame)
+    return frame
+
+
+def load_samples(category: str, max_rows: int | None = None, seed: int = 0, gpus: Sequence[str] | None = None,
+                 options: DataOptions = DataOptions()) -> KernelSamples:
+    """Measured samples of ``category`` (optionally only ``gpus``), a seeded random ``max_rows`` of them at most."""
+    return samples_from_frame(category, sample_frame(category_frame(category, options).frame, max_rows, seed, gpus))
 
 
 def _source(category: str) -> CategorySource:

@@ -146,7 +146,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     if slos:
         notes.append(f"goodput {summary['goodput_req_per_s']:,.2f} req/s meeting {goodput_text}")
     coverages = estimator_coverage(step_model.estimator, [gpu], dtype)
-    emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=[*notes, *coverage_notes(coverages)],
+    notes += coverage_notes(coverages)
+    emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=notes,
          json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages],
                        "summary": summary})
 

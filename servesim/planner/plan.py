@@ -435,7 +435,8 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
 
 def plan_payload(plan: Plan, estimator_label: str, coverages: Sequence[Coverage] = ()) -> dict:
     """The whole plan as ``servesim plan --json`` prints it (docs/planner.md lists every key); ``coverages``: how
-    each planned GPU stands on the estimator's measured GPUs (:func:`servesim.estimator.coverage.estimator_coverage`)."""
+    each planned GPU stands on the estimator's measured GPUs
+    (:func:`servesim.estimator.coverage.estimator_coverage`)."""
     request = plan.request
     workload = request.workload
     recommended = plan.recommended

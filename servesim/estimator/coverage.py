@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from servesim.estimator.base import KernelEstimator
-from servesim.hardware.catalogue import get_gpu
 from servesim.estimator.roofline import TENSOR_CATEGORIES
+from servesim.hardware.catalogue import get_gpu
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
@@ -85,30 +85,35 @@ def _checked_figures(dtype: str | None) -> tuple[tuple[str, Callable[[GpuSpec], 
 
 
 def coverage(gpu: GpuSpec, trained: Iterable[GpuSpec], weights_dtype: str | None) -> Coverage:
-    """How ``gpu`` stands on GPUs ``trained`` on, for a model with ``weights_dtype`` weights (None: for work
-    that does not use the Tensor cores). Figures are
-    compared with the trained GPUs that have them (the A100 has no FP8 Tensor rate, so it does not widen FP8's); a
-    figure ``gpu`` lacks is not compared (the kernels then come from another path, or the model does not run)."""
+    """How ``gpu`` stands on GPUs ``trained`` on, for a model with ``weights_dtype`` weights (None: for work that
+    does not use the Tensor cores). Figures are compared with the trained GPUs that have them (the A100 has no FP8
+    Tensor rate, so it does not widen FP8's); a figure ``gpu`` lacks is not compared (the kernels then come from
+    another path, or the model does not run)."""
     trained = tuple(trained)
     names = tuple(g.name for g in trained)
     if gpu.name in names:
         return Coverage(gpu.name, True, names, ())
     outside = []
     for quantity, figure in _checked_figures(None if weights_dtype is None else tensor_dtype(weights_dtype)):
-        values = [figure(g) for g in trained if figure(g) > 0]
+        values = [v for v in map(figure, trained) if v > 0]
         value = figure(gpu)
         if values and value > 0 and not min(values) <= value <= max(values):
             outside.append(OutOfRange(quantity, value, min(values), max(values)))
     return Coverage(gpu.name, False, names, tuple(outside))
 
 
-def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec], weights_dtype: str) -> tuple[Coverage, ...]:
+def _trained_specs(estimator: KernelEstimator, category: str | None = None) -> tuple[GpuSpec, ...]:
+    """The catalogue specs of :meth:`KernelEstimator.trained_gpus`."""
+    return tuple(get_gpu(name) for name in estimator.trained_gpus(category))
+
+
+def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec],
+                       weights_dtype: str) -> tuple[Coverage, ...]:
     """:func:`coverage` of each of ``gpus`` on what ``estimator`` learned from; empty for an analytical estimator,
     whose predictions stand on no measurement."""
-    trained_names = estimator.trained_gpus()
-    if not trained_names:
+    trained = _trained_specs(estimator)
+    if not trained:
         return ()
-    trained = tuple(get_gpu(name) for name in trained_names)
     return tuple(coverage(gpu, trained, weights_dtype) for gpu in dict.fromkeys(gpus))
 
 
@@ -120,8 +125,7 @@ def coverage_notes(coverages: Iterable[Coverage]) -> list[str]:
 def kernel_coverage(estimator: KernelEstimator, kernel: Kernel, gpu: GpuSpec) -> Coverage | None:
     """:func:`coverage` of ``gpu`` on the GPUs that trained the network of ``kernel``'s category; None where no
     network times it (an analytical estimator, or a category the roofline times)."""
-    trained_names = estimator.trained_gpus(kernel.category)
-    if not trained_names:
+    trained = _trained_specs(estimator, kernel.category)
+    if not trained:
         return None
-    dtype = kernel.dtype if kernel.category in TENSOR_CATEGORIES else None
-    return coverage(gpu, tuple(get_gpu(name) for name in trained_names), dtype)
+    return coverage(gpu, trained, kernel.dtype if kernel.category in TENSOR_CATEGORIES else None)

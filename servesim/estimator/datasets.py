@@ -541,7 +541,8 @@ def samples_from_frame(category: str, frame: pd.DataFrame) -> KernelSamples:
 
 def sample_frame(frame: pd.DataFrame, max_rows: int | None = None, seed: int = 0,
                  gpus: Sequence[str] | None = None) -> pd.DataFrame:
-    """The rows of a measured frame (optionally only those of ``gpus``), a seeded random ``max_rows`` of them at most."""
+    """The rows of a measured frame (optionally only those of ``gpus``), a seeded random ``max_rows`` of them at
+    most."""
     if gpus is not None:
         frame = frame[frame["gpu"].isin(list(gpus))]
     if max_rows is not None and len(frame) > max_rows:

@@ -175,7 +175,10 @@ class MlpEstimator:
     def trained_gpus(self, category: str | None = None) -> tuple[str, ...]:
         """The GPUs ``category``'s network (None: any network) was trained on, as its weights record them; none for
         a category the roofline times."""
-        weights = self._weights.values() if category is None else [w for c, w in self._weights.items() if c == category]
+        if category is None:
+            weights = list(self._weights.values())
+        else:
+            weights = [self._weights[category]] if category in self._weights else []
         return tuple(sorted({name for w in weights for name in w.metadata.get("gpus", "").split(",") if name}))
 
     def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:

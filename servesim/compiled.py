@@ -19,6 +19,9 @@ import numpy as np
 #: Decorator for the compiled loops: no Python objects inside, cached on disk; a division by zero gives inf or NaN as
 #: in numpy rather than raising.
 jit = numba.njit(cache=True, error_model="numpy")
+#: Decorator for an element-wise function of two float64 values, compiled as a numpy ufunc: it broadcasts over arrays
+#: when numpy code calls it and takes two floats inside the compiled loops, so both share one formula.
+binary_ufunc = numba.vectorize(["float64(float64, float64)"], cache=True)
 
 #: numpy's pairwise summation (``PW_BLOCKSIZE``) sums blocks of up to this many values with 8 partial sums.
 _PAIRWISE_BLOCK = 128
@@ -88,4 +91,4 @@ def pairwise_sum(values: np.ndarray, start: int, count: int) -> float:
     return 0.0 + sums[0]  # numpy's reduction starts from 0.0, which turns a -0.0 sum into 0.0
 
 
-__all__ = ["jit", "pairwise_sum"]
+__all__ = ["binary_ufunc", "jit", "pairwise_sum"]

@@ -14,7 +14,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from servesim.compiled import jit, pairwise_sum
+from servesim.compiled import binary_ufunc, jit, pairwise_sum
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, ScaledMM
@@ -221,7 +221,7 @@ def task_arrays(useful: np.ndarray, timed: np.ndarray, rates: np.ndarray, repeat
         every[:, repeat * block:(repeat + 1) * block] = useful
     if spread:
         l2, dram = _PIPE_ROW_L2, _PIPE_ROW_DRAM
-        share = min(cold_dram_bytes / max(pairwise_sum(every[l2], 0, block * repeats), 1.0), 1.0)
+        share = dram_fraction(cold_dram_bytes, pairwise_sum(every[l2], 0, block * repeats))
         every[dram] = every[l2] * share
         timed[dram] = timed[l2] * share
     duration = np.empty(block * repeats)
@@ -239,10 +239,12 @@ def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> 
     return kernel.bytes_moved() * (1.0 - kernel.l2_resident_fraction)
 
 
-def dram_fraction(unique_bytes: np.ndarray | float, l2_bytes: np.ndarray | float) -> np.ndarray:
+@binary_ufunc
+def dram_fraction(unique_bytes: float, l2_bytes: float) -> float:
     """DRAM bytes per L2 byte when L2 captures all reuse: the kernel's compulsory traffic spread over its tiles'
-    loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add)."""
-    return np.minimum(np.asarray(unique_bytes, dtype=np.float64) / np.maximum(l2_bytes, 1.0), 1.0)
+    loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add). A ufunc: arrays
+    broadcast."""
+    return min(unique_bytes / max(l2_bytes, 1.0), 1.0)
 
 
 def _by_pipe(demand: dict[str, np.ndarray] | np.ndarray, n: int) -> np.ndarray:

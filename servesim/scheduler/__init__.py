@@ -146,14 +146,8 @@ def _slots_taken_by_runs(first_cycles: np.ndarray, later_cycles: np.ndarray) -> 
             end += 1
         next_sorted = head = queued = 0
         for task in range(start, end):
-            if queued and (next_sorted == slots or _before(queue_free[head], queue_slot[head],
-                                                           sorted_free[next_sorted], sorted_slot[next_sorted])):
-                free, slot = queue_free[head], queue_slot[head]
-                head = (head + 1) % slots
-                queued -= 1
-            else:
-                free, slot = sorted_free[next_sorted], sorted_slot[next_sorted]
-                next_sorted += 1
+            free, slot, head, queued, next_sorted = _take_earliest(queue_free, queue_slot, head, queued, sorted_free,
+                                                                   sorted_slot, next_sorted)
             taken[task] = slot
             # Queue it at the back; a refill rounded to the same free time as the slot before it goes in slot order.
             refilled = free + cycles
@@ -167,19 +161,24 @@ def _slots_taken_by_runs(first_cycles: np.ndarray, later_cycles: np.ndarray) -> 
                 position = before
             queue_free[position], queue_slot[position] = refilled, slot
         for merged in range(slots):
-            if queued and (next_sorted == slots or _before(queue_free[head], queue_slot[head],
-                                                           sorted_free[next_sorted], sorted_slot[next_sorted])):
-                merged_free[merged], merged_slot[merged] = queue_free[head], queue_slot[head]
-                head = (head + 1) % slots
-                queued -= 1
-            else:
-                merged_free[merged], merged_slot[merged] = sorted_free[next_sorted], sorted_slot[next_sorted]
-                next_sorted += 1
+            merged_free[merged], merged_slot[merged], head, queued, next_sorted = _take_earliest(
+                queue_free, queue_slot, head, queued, sorted_free, sorted_slot, next_sorted)
         sorted_free, merged_free = merged_free, sorted_free
         sorted_slot, merged_slot = merged_slot, sorted_slot
         start = end
     taken[-1] = sorted_slot[0]
     return taken
+
+
+@jit
+def _take_earliest(queue_free: np.ndarray, queue_slot: np.ndarray, head: int, queued: int, sorted_free: np.ndarray,
+                   sorted_slot: np.ndarray, next_sorted: int) -> tuple[float, int, int, int, int]:
+    """Take the earlier of the refilled queue's head and the next sorted slot (:func:`_slots_taken_by_runs`): its
+    free time and slot, then the queue's head and length and the sorted position after taking it."""
+    if queued and (next_sorted == len(sorted_free) or _before(queue_free[head], queue_slot[head],
+                                                             sorted_free[next_sorted], sorted_slot[next_sorted])):
+        return queue_free[head], queue_slot[head], (head + 1) % len(queue_free), queued - 1, next_sorted
+    return sorted_free[next_sorted], sorted_slot[next_sorted], head, queued, next_sorted + 1
 
 
 @jit

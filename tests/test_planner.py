@@ -78,6 +78,9 @@ def test_splits_aim_where_the_slo_ratio_reaches_its_limit():
     assert _crossing_load(stopped, 2.0, 9.0, slos) == pytest.approx(4.0)
     # one passing load and no percentiles above it: nothing to aim at (the split is the midpoint)
     assert _crossing_load({2.0: probe_at(2.0, 0.5), 9.0: probe_at(9.0, None)}, 2.0, 9.0, slos) is None
+    # a ratio that barely rises crosses 1 far beyond the bracket (once an overflow): aimed at its top
+    flat = {1.0: probe_at(1.0, 0.5), 2.0: probe_at(2.0, 0.5 * (1 + 1e-12)), 9.0: probe_at(9.0, None)}
+    assert _crossing_load(flat, 2.0, 9.0, slos) == pytest.approx(9.0)
 
 
 def test_replicas_times_capacity_covers_the_target(searched):

@@ -248,7 +248,8 @@ def _crossing_load(probes: dict[float, Probe], low: float, high: float, slos: tu
     """Where the worst SLO ratio (percentile / limit), taken as log-linear in the load, reaches 1: between the
     bracket's ends (regula falsi), or, when the high end has no percentiles (its run stopped early) or failed for
     throughput alone, extrapolated from the two highest loads that met the SLOs (the secant). None when the two
-    points do not rise towards 1."""
+    points do not rise towards 1. A crossing beyond ``high`` is given as ``high`` (the split keeps inside the
+    bracket anyway): a ratio that barely rises would put it too far for a float."""
     below = _ratio(probes[low], slos)
     above = _ratio(probes[high], slos)
     if above > 1:
@@ -263,7 +264,7 @@ def _crossing_load(probes: dict[float, Probe], low: float, high: float, slos: tu
     if not 0 < ratio_a < ratio_b:
         return None
     slope = math.log(ratio_b / ratio_a) / math.log(load_b / load_a)
-    return load_a * math.exp(-math.log(ratio_a) / slope)
+    return load_a * math.exp(min(-math.log(ratio_a) / slope, math.log(high / load_a)))
 
 
 def step_model(task: OptionTask, shares_with: StepTimeModel | None = None) -> StepTimeModel:

@@ -11,6 +11,7 @@ from importlib import resources
 
 import pytest
 
+from servesim.errors import ServesimError
 from servesim.models.registry import get_model, preset_names, preset_record
 
 KIB = 1024
@@ -117,3 +118,28 @@ def test_preset_files_hold_only_config_json_keys(name):
                 "rms_norm_eps", "rope_theta", "tie_word_embeddings", "torch_dtype"):
         assert key in cfg, f"{name} lacks {key}"
     assert cfg["torch_dtype"] == "bfloat16"
+
+
+def test_a_presets_own_hub_id_loads_the_preset_without_a_download():
+    assert get_model("meta-llama/Meta-Llama-3-8B") is get_model("llama3-8b")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_attention_heads": 0}, "num_attention_heads is 0; it must be a whole number"),
+    ({"num_hidden_layers": 32.5}, "num_hidden_layers is 32.5"),
+    ({"num_key_value_heads": 3}, "do not share 3 KV heads evenly"),
+    ({"hidden_size": 4100}, "hidden_size 4100 is not a multiple of its 32 attention heads"),
+])
+def test_malformed_config_is_refused_with_the_key_named(tmp_path, change, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**preset_record("llama3-8b")["config"], **change}))
+    with pytest.raises(ServesimError, match=message):
+        get_model(str(path))
+
+
+def test_config_path_that_is_missing_or_not_an_object_is_named(tmp_path):
+    with pytest.raises(ServesimError, match="does not exist"):
+        get_model(str(tmp_path / "config.json"))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ServesimError, match="holds a JSON list, not a model config"):
+        get_model(str(tmp_path / "list.json"))

@@ -275,8 +275,15 @@ def test_latency_cli_mirrors_vllm_bench_latency():
 
 
 def test_request_too_long_for_the_cache_is_a_clear_error(step_models):
-    workload = make_workload([1_000_000], [10])
+    # within llama3-8b's 8,192-token context, but 23 % of an H100 leaves a pool of about 4,900 tokens
+    workload = make_workload([8000], [10])
     with pytest.raises(ServesimError, match="KV cache"):
+        run(step_models, "vllm", workload, memory_fraction=0.23)
+
+
+def test_request_longer_than_the_context_is_refused(step_models):
+    workload = make_workload([100, 8000], [10, 200])
+    with pytest.raises(ServesimError, match=r"1 of 2 requests \(up to 8,200 .*context of 8,192 tokens"):
         run(step_models, "vllm", workload)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 from servesim.errors import ServesimError
 
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels.
@@ -98,11 +100,36 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
 
+#: What to do about requests longer than the context, where the caller has nothing more specific to say.
+CAP_LENGTHS = ("cap the workload's lengths (servesim workload SOURCE --max-prompt-tokens N --max-output-tokens N "
+               "--out FILE, then pass FILE) or choose a model with a longer context")
+
+
+def check_context(model: ModelConfig, prompt_plus_output_tokens: np.ndarray | int, fix: str = CAP_LENGTHS) -> None:
+    """Refuse requests longer than the model's context window (``max_position_embeddings``): vLLM and SGLang reject
+    them, so there is no serving time to predict. A config without the key is not checked."""
+    limit = model.max_position_embeddings
+    tokens = np.atleast_1d(prompt_plus_output_tokens)
+    over = int((tokens > limit).sum()) if limit else 0
+    if over:
+        longest = f"{int(tokens.max()):,} prompt + output tokens"
+        what = longest if tokens.size == 1 else f"{over:,} of {tokens.size:,} requests (up to {longest})"
+        raise ServesimError(f"{what} exceed {model.name}'s context of {limit:,} tokens (max_position_embeddings); "
+                            f"{fix}")
+
+
 def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
             return cfg[key]
     return default
+
+
+def _count(value: Any, key: str, source: str) -> int:
+    """A size of the config, which must be a whole number of at least 1 (not a float, a string or a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ServesimError(f"model config {source!r}: {key} is {value!r}; it must be a whole number of at least 1")
+    return value
 
 
 def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> ModelConfig:
@@ -113,15 +140,19 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
             f"model {name!r} has model_type {model_type!r}; servesim supports {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     try:
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        layers = int(cfg["num_hidden_layers"])
-        vocab = int(cfg["vocab_size"])
-        intermediate = int(cfg["intermediate_size"])
+        hidden, heads, layers, vocab, intermediate = (
+            _count(cfg[key], key, source)
+            for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size"))
     except KeyError as exc:
         raise ServesimError(f"model config {source!r} lacks the key {exc.args[0]!r}") from None
-    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+    kv_heads = _count(_first(cfg, "num_key_value_heads", default=heads), "num_key_value_heads", source)
+    if heads % kv_heads:
+        raise ServesimError(f"model config {source!r}: {heads} attention heads do not share {kv_heads} KV heads "
+                            f"evenly (num_attention_heads must be a multiple of num_key_value_heads)")
+    if _first(cfg, "head_dim") is None and hidden % heads:
+        raise ServesimError(f"model config {source!r}: hidden_size {hidden} is not a multiple of its {heads} "
+                            f"attention heads; give head_dim")
+    head_dim = _count(_first(cfg, "head_dim", default=hidden // heads), "head_dim", source)
 
     num_experts = int(_first(cfg, "num_experts", "num_local_experts", default=0))
     moe_layers: tuple[int, ...] = ()

@@ -40,11 +40,17 @@ def load_preset(name: str) -> ModelConfig:
 def _load_with_autoconfig(ref: str) -> ModelConfig:
     """Load a local directory / config.json or a hub id through ``transformers.AutoConfig``."""
     path = Path(ref)
-    if path.is_file() and path.name.endswith(".json"):
+    if path.name.endswith(".json"):
+        if not path.is_file():
+            raise ServesimError(f"model config file {ref} does not exist; give a preset ('servesim models'), a "
+                                f"config.json that exists or a Hugging Face hub id (org/name)")
         try:
-            return config_from_hf_dict(json.loads(path.read_text(encoding="utf-8")), name=path.parent.name or ref, source=ref)
+            cfg = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ServesimError(f"{ref} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(cfg, dict):
+            raise ServesimError(f"{ref} holds a JSON {type(cfg).__name__}, not a model config (a JSON object)")
+        return config_from_hf_dict(cfg, name=path.parent.name or ref, source=ref)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         from transformers import AutoConfig
@@ -71,6 +77,9 @@ def get_model(ref: str) -> ModelConfig:
     key = ref.strip().lower()
     if key in _preset_files():
         return load_preset(key)
+    by_hf_id = {preset_record(name)["hf_id"].lower(): name for name in preset_names()}
+    if key in by_hf_id and not Path(ref).exists():  # the preset's own checkpoint: no download needed
+        return load_preset(by_hf_id[key])
     if Path(ref).exists() or "/" in ref:
         return _load_with_autoconfig(ref)
     raise ServesimError(

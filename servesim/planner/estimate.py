@@ -62,6 +62,8 @@ class GpuEstimate:
             return (
                 f"needs {need:.1f} GiB per GPU (weights {self.memory.weight_bytes / GIB:.1f} GiB) but "
                 f"{self.engine.engine} may use {have:.1f} GiB of {self.gpu.name}; raise TP/PP or use FP8"
+                + (f", or the memory fraction ({self.memory.memory_fraction})"
+                   if self.memory.needed_bytes < self.memory.gpu_memory_bytes else "")
             )
         return (
             f"the KV cache holds {self.memory.kv_tokens} tokens, less than one request of "

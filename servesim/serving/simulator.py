@@ -24,7 +24,7 @@ import numpy as np
 from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.hardware.spec import GpuSpec
-from servesim.models.config import ModelConfig
+from servesim.models.config import ModelConfig, check_context
 from servesim.models.parallel import Parallelism
 from servesim.serving.config import EngineConfig, engine_memory_plan
 from servesim.serving.fast_forward import RelaunchBatch, fast_forward
@@ -98,8 +98,9 @@ def _check_fits(scheduler: VllmScheduler | SglangScheduler, workload: Workload) 
     if too_long:
         raise ServesimError(
             f"{too_long} request(s) need more KV cache than the replica has ({scheduler.kv_capacity_tokens:,} tokens; "
-            f"longest request {int(total.max()):,}); cap lengths (--max-prompt-tokens/--max-output-tokens), raise the "
-            f"memory fraction or use more GPUs per replica (--tp/--pp)"
+            f"longest request {int(total.max()):,}); cap lengths in the workload (servesim workload SOURCE "
+            f"--max-prompt-tokens N --max-output-tokens N --out FILE), raise the memory fraction or use more GPUs per "
+            f"replica (--tp/--pp)"
         )
 
 
@@ -128,6 +129,7 @@ def simulate(
         raise ServesimError(f"no scheduler for engine {engine_cfg.engine!r}; use {', '.join(SCHEDULERS)}")
     if replicas < 1:
         raise ServesimError(f"replicas must be at least 1 (got {replicas})")
+    check_context(model, workload.prompt_tokens + workload.output_tokens)
     if step_model is None:
         from servesim.estimator import get_estimator
 
@@ -141,7 +143,8 @@ def simulate(
     if not plan.fits:
         raise ServesimError(
             f"{model.name} does not fit {gpu.name} with {par} under {engine_cfg.engine} (memory fraction "
-            f"{engine_cfg.memory_fraction}); use more GPUs per replica (--tp/--pp) or a larger GPU"
+            f"{engine_cfg.memory_fraction}); use more GPUs per replica (--tp/--pp), a larger GPU or a larger memory "
+            f"fraction"
         )
     fleet = [_Replica(i, SCHEDULERS[engine_cfg.engine](engine_cfg, plan.kv_tokens), step_model)
              for i in range(replicas)]

@@ -172,12 +172,34 @@ def test_bad_inputs_are_one_line_errors():
         (("plan", "--model", "llama3-8b", "--concurrency", "8", "--arrival", "trace"), "drop --arrival"),
         (("plan", "--model", "llama3-8b", "--address", "auto"), "use it with --executor ray"),
         (("plan", "--model", "llama3-8b", "--workload", "nonsense"), "unknown workload 'nonsense'"),
+        (("plan", "--model", "llama3-8b", "--quick", "--pp", "16"), "no TP/PP layout of llama3-8b fits"),
+        (("plan", "--model", "llama3-8b", "--quick", "--qps", "3", "--ttft-p90", "500"),
+         "--quick estimates without traffic, so --qps, --ttft-p90 would be ignored"),
+        (("plan", "--model", "llama3-8b", "--quick", "--input-len", "100000"), "exceed llama3-8b's context of 8,192"),
+        (("plan", "--model", "llama3-8b", "--workload", "fixed:9000:100", "-n", "3"),
+         "3 of 3 requests (up to 9,100 prompt + output tokens) exceed llama3-8b's context"),
+        (("simulate", "--model", "llama3-8b", "--goodput", "ttft_ms=0"), "must be a positive number"),
+        (("simulate", "--model", "llama3-8b", "--goodput", "ttft_ms=100,ttft_ms=200"), "given twice"),
+        (("simulate", "--model", "llama3-8b", "--cv", "2"), "add --arrival gamma"),
+        (("latency", "--model", "llama3-8b", "--input-len", "100000"), "lower --input-len/--output-len"),
     ]
     for args, message in cases:
         result = run(*args)
         assert result.exit_code == 2, args
         assert message in result.output and "Traceback" not in result.output, (args, result.output)
         assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("plan", "--model", "llama3-8b", "--qps", "inf"), "'inf' is not a positive finite number"),
+    (("plan", "--model", "llama3-8b", "--ttft-p90", "nan"), "'nan' is not a positive finite number"),
+    (("simulate", "--model", "llama3-8b", "--seed", "-1"), "0<=x<=4294967295"),
+    (("simulate", "--model", "llama3-8b", "--trace", "no-such-folder/t.json"), "'no-such-folder' does not exist"),
+    (("workload", "fixed:1024:128", "--qps", "1", "--out", ""), "needs a file name"),
+])
+def test_bad_option_values_are_refused_before_any_work(args, message):
+    result = run(*args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
 
 
 def test_quick_prints_every_gpu_with_numbers_and_the_estimator_label():

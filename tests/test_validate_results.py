@@ -94,6 +94,13 @@ def test_cli_reports_a_malformed_file_as_error_exit_2() -> None:
     assert "Traceback" not in result.output
 
 
+def test_cli_fails_when_no_run_could_be_replayed() -> None:
+    result = CliRunner().invoke(main, ["validate", "results", str(DATA / "vllm_bench_serve.json"), "--gpu", "H1000"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: none of the 1 runs could be replayed") and "unknown GPU 'H1000'" in \
+        result.output
+
+
 def test_cli_replays_a_vllm_result_end_to_end() -> None:
     result = CliRunner().invoke(main, ["validate", "results", str(DATA / "vllm_bench_serve.json"), "--json"])
     assert result.exit_code == 0, result.output

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
+from servesim.cli.params import SEED, OutputFile
 
 if TYPE_CHECKING:
     from servesim.estimator.training import TrainConfig
 
 _DATA_OPTIONS = (
-    click.option("--max-rows", default=200_000, show_default=True,
+    click.option("--max-rows", type=click.IntRange(min=1), default=200_000, show_default=True,
                  help="Seeded random subsample of each category's measurements."),
-    click.option("--seed", default=0, show_default=True, help="Seed of the subsample, the shape split and training."),
+    click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the subsample, the shape split and training."),
     click.option("--vidur-root", type=click.Path(file_okay=False, path_type=Path), default=Path("../shared/data/vidur"),
                  show_default=True, help="Vidur's data folder (element-wise categories), relative to the current "
                                          "directory."),
@@ -73,7 +74,7 @@ def train_config(seed: int, max_epochs: int | None, patience_epochs: int | None,
 @_category_option(multiple=False)
 @_data_options
 @schedule_options
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--output", type=OutputFile(), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
 def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
                   max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None,

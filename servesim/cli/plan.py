@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
+from servesim.cli.params import POSITIVE_FINITE, SEED
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -86,14 +87,13 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     """The analytical estimate per GPU and layout (no traffic simulated)."""
     from servesim.estimator.coverage import coverage_notes, estimator_coverage
     from servesim.planner.estimate import estimate_gpu
-    from servesim.planner.plan import candidate_layouts
+    from servesim.planner.plan import plan_options
 
     model, dtype = request.model, request.dtype
     rows = [
         _quick_row(estimate_gpu(model, gpu, par, request.engine_config(gpu, par), kernel_estimator, input_len,
                                 output_len, dtype))
-        for gpu in request.gpus
-        for par in candidate_layouts(model, gpu, request.tp, request.pp)
+        for gpu, par in plan_options(request)
     ]
     misfits = [r for r in rows if not r["fits"]]
     if len(misfits) == len(rows) and output_format == "table":
@@ -185,9 +185,22 @@ SLO_FLAGS = tuple((metric, p) for metric in ("ttft", "tpot", "e2e") for p in (50
 
 def _slo_options(func):
     for metric, p in reversed(SLO_FLAGS):
-        func = click.option(f"--{metric}-p{p}", f"{metric}_p{p}", type=click.FloatRange(min=0, min_open=True),
+        func = click.option(f"--{metric}-p{p}", f"{metric}_p{p}", type=POSITIVE_FINITE,
                             default=None, metavar="MS", help=f"SLO: {metric.upper()} p{p} at most MS milliseconds.")(func)
     return func
+
+
+#: Options of the simulated search that the analytical ``--quick`` estimate has no use for.
+SIMULATION_ONLY = ("source", "num_requests", "arrival", "seed", "qps", "concurrency", "tolerance", "gpu_budget",
+                   "executor", "address", "jobs", "plot_dir", *(f"{metric}_p{p}" for metric, p in SLO_FLAGS))
+
+
+def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
+    """The flags, among the current command's parameters ``names``, that the user typed."""
+    ctx = click.get_current_context()
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    return [flags[name] for name in names
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
 
 
 @click.command("plan")
@@ -205,8 +218,8 @@ def _slo_options(func):
 @click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
 @click.option("-n", "--num-requests", type=click.IntRange(min=1), default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
 @click.option("--arrival", type=click.Choice(("poisson", "trace")), default=None, help="Arrival process whose rate is searched: poisson, or the profile's or trace's own gaps rescaled [default: poisson].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload (the same requests at every load).")
-@click.option("--qps", type=click.FloatRange(min=0, min_open=True), default=None, help="Target load in requests/s: replicas = ceil(target / capacity).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the workload (the same requests at every load).")
+@click.option("--qps", type=POSITIVE_FINITE, default=None, help="Target load in requests/s: replicas = ceil(target / capacity).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Closed loop: search the number of clients per replica, and serve this many in total.")
 @_slo_options
 @click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True, help="Stop when the capacity is bracketed within this fraction of the load.")
@@ -236,12 +249,17 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
     """
     from servesim.estimator import get_estimator
     from servesim.models import get_model
+    from servesim.models.config import check_context
     from servesim.planner.plan import PlanRequest
     from servesim.planner.slo import slos_from_limits
 
     if qps is not None and concurrency is not None:
         raise ServesimError("give a target as --qps (open loop, the rate is searched) or --concurrency (closed loop, "
                             "the clients are searched), not both")
+    ignored = _given_on_command_line(SIMULATION_ONLY) if quick else []
+    if ignored:
+        raise ServesimError(f"--quick estimates without traffic, so {', '.join(ignored)} would be ignored; drop "
+                            f"{'it' if len(ignored) == 1 else 'them'} or drop --quick")
     if not quick and (input_len is not None or output_len is not None):
         raise ServesimError("--input-len/--output-len go with --quick; to simulate fixed lengths use --workload "
                             "fixed:PROMPT:OUTPUT")
@@ -268,8 +286,10 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
         gpu_budget=gpu_budget,
     )
     if quick:
+        check_context(model, (input_len or 1024) + (output_len or 256), fix="lower --input-len/--output-len")
         _quick(request, kernel_estimator, input_len or 1024, output_len or 256, output_format)
         return
+    check_context(model, request.workload.prompt_tokens + request.workload.output_tokens)
     _slo_plan(request, kernel_estimator, all(v is None for v in limits.values()), executor, address, jobs,
               plot_dir, output_format)
 

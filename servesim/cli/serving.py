@@ -3,11 +3,12 @@ like ``vllm bench latency``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
+from servesim.cli.params import POSITIVE_FINITE, SEED, OutputFile
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -67,12 +68,18 @@ def parse_slos(text: str) -> dict[str, float]:
     slos = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
+        key = key.strip()
         try:
-            slos[key.strip()] = float(value)
+            limit_ms = float(value)
         except ValueError:
             sep = ""
         if not sep:
             raise ServesimError(f"cannot read SLO {item!r}; write KEY=MS pairs such as ttft_ms=500,tpot_ms=50")
+        if not (limit_ms > 0 and math.isfinite(limit_ms)):
+            raise ServesimError(f"SLO {item!r} must be a positive number of milliseconds")
+        if key in slos:
+            raise ServesimError(f"SLO {key} is given twice; give each limit once")
+        slos[key] = limit_ms
     return slos
 
 
@@ -92,19 +99,21 @@ def _latency_rows(summary: dict) -> list[dict]:
               help="Closed loop: at most N requests in flight (vllm bench serve --max-concurrency).")
 @click.option("--arrival", type=click.Choice(("poisson", "gamma", "burst", "trace")), default=None,
               help="Arrival process (see 'servesim workload --help').")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the random router.")
+@click.option("--cv", type=POSITIVE_FINITE, default=1.0, show_default=True,
+              help="Gap coefficient of variation of gamma arrivals (--arrival gamma; above 1 burstier than Poisson).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the workload and the random router.")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engine instances.")
 @click.option("--router", type=click.Choice(("round_robin", "least_outstanding", "random")), default="round_robin",
               show_default=True, help="How requests are spread over replicas.")
 @click.option("--goodput", "goodput_text", default=None, metavar="ttft_ms=MS,tpot_ms=MS,e2e_ms=MS",
               help="SLOs for goodput (requests/s meeting all of them).")
-@click.option("--requests-csv", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--requests-csv", type=OutputFile(), default=None,
               help="Write per-request metrics to this CSV.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--trace", "trace_path", type=OutputFile(), default=None,
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                     gpu_memory_utilization, kv_cache_dtype, source, num_requests, qps, concurrency, arrival, seed,
+                     gpu_memory_utilization, kv_cache_dtype, source, num_requests, qps, concurrency, arrival, cv, seed,
                      replicas, router, goodput_text, requests_csv, trace_path, output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
 
@@ -119,7 +128,10 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
                                               max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
     slos = parse_slos(goodput_text) if goodput_text else None
-    workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival)
+    if cv != 1.0 and arrival != "gamma":
+        raise ServesimError("--cv shapes gamma arrivals; add --arrival gamma or drop --cv")
+    workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
+                              cv=cv)
     result = simulate(model, gpu, par, cfg, workload, step_model=step_model, replicas=replicas, router=router,
                       seed=seed)
     summary = result.summary()
@@ -166,11 +178,13 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
     servesim latency --model llama3-8b --gpu H100 --batch-size 8 --input-len 32 --output-len 128
     """
     from servesim.estimator.coverage import coverage_notes, estimator_coverage
+    from servesim.models.config import check_context
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
     model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
                                               max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
+    check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")
     result = simulate(model, gpu, par, cfg, workload, step_model=step_model)
     summary = result.summary()

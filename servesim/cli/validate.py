@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table, to_csv, to_json
+from servesim.cli.params import OutputFile
+from servesim.errors import ServesimError
 
 _ERROR_COLUMNS = (
     Column("rows", "rows", ",d"),
@@ -82,9 +84,9 @@ def validate_group() -> None:
 @estimator_option
 @click.option("--aiconfigurator", "with_aic", is_flag=True,
               help="Add aiconfigurator's own estimate of each row (needs 'pip install aiconfigurator'; slow).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--plot", "plot_path", type=OutputFile(), default=None,
               help="Write the predicted-vs-measured scatter plot (PNG).")
-@click.option("--rows-csv", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--rows-csv", type=OutputFile(), default=None,
               help="Write every replayed row with its predictions and errors.")
 @output_format_options
 def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_path, rows_csv, output_format) -> None:
@@ -97,7 +99,6 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
     """
     import pandas as pd
 
-    from servesim.errors import ServesimError
     from servesim.validate.calibration import TRAIN_RULE, is_training_row
     from servesim.validate.replay import replay
     from servesim.validate.report import (
@@ -192,13 +193,17 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
     servesim validate ops --vidur-root ../shared/data/vidur
     """
     from servesim.estimator.base import ESTIMATORS, get_estimator
+    from servesim.hardware import get_gpu
     from servesim.validate.ops import compare_ops, ops_summary
 
     names = tuple(estimators) or tuple(sorted(ESTIMATORS))
     for name in names:
         get_estimator(name)  # unknown names fail here with the list of known ones
-    frame = compare_ops(names, vidur_root, tuple(gpus) or None)
+    frame = compare_ops(names, vidur_root, tuple(get_gpu(g).name for g in gpus) or None)
     rows = ops_summary(frame, names)
+    if not rows:
+        raise ServesimError(f"Vidur's data in {vidur_root} has no operator times for {', '.join(gpus)}; it measured "
+                            f"A100-SXM-80GB and H100-SXM")
     columns = [Column("gpu", "GPU", align="<"), Column("op", "op", align="<"), Column("rows", "rows", ",d"),
                Column("median_measured_us", "median meas. µs", ",.1f")]
     for name in names:
@@ -234,6 +239,10 @@ def results_command(files, model, gpu, engine, tp, pp, dtype, estimator, output_
     tick, close = _progress(len(cases), "replaying")
     rows, skipped = replay(cases, estimator, on_case=tick)
     close()
+    if not rows:
+        reasons = "; ".join(f"{s.case_id}: {s.reason}" for s in skipped[:3])
+        more = f" (and {len(skipped) - 3} more; --json lists them)" if len(skipped) > 3 else ""
+        raise ServesimError(f"none of the {len(skipped)} runs could be replayed: {reasons}{more}")
     notes = [f"{len(rows)} runs replayed with the {estimator} estimator; error = predicted / measured - 1."]
     notes += [f"not replayed: {s.case_id}: {s.reason}" for s in skipped]
     emit(rows, _ROW_COLUMNS, output_format, title="Measured vs predicted", notes=notes,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from servesim.cli.output import Column, emit, output_format_options, to_csv
+from servesim.cli.params import SEED, OutputFile
 from servesim.errors import ServesimError
 from servesim.workloads import (
     ARRIVALS,
@@ -70,12 +69,12 @@ def requests_csv(workload: Workload) -> str:
               help="Gap coefficient of variation for gamma arrivals (>1 burstier than Poisson).")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Multiply a trace's own arrival times (0.5 replays twice as fast).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed; the same seed, the same requests.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed; the same seed, the same requests.")
 @click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None, help="Truncate longer prompts.")
 @click.option("--max-output-tokens", type=click.IntRange(min=1), default=None, help="Truncate longer outputs.")
 @click.option("--columns", default=None, metavar="prompt=COL,output=COL[,arrival=COL]",
               help="Column names of a CSV/JSONL trace in a format servesim does not recognise.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", type=OutputFile(), default=None,
               help="Write the generated requests to this CSV (one source only).")
 @output_format_options
 def workload(sources, num_requests, qps, concurrency, arrival, cv, time_scale, seed, max_prompt_tokens,

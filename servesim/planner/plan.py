@@ -131,18 +131,23 @@ def _accepted(model: ModelConfig, par: Parallelism) -> bool:
     return True
 
 
-def option_tasks(request: PlanRequest) -> list[OptionTask]:
-    """One search task per (GPU, layout), GPU by GPU."""
-    tasks = [
-        OptionTask(request.model, gpu, par, request.engine_config(gpu, par), request.dtype, request.estimator,
-                   request.workload, request.slos, request.mode, request.tolerance)
-        for gpu in request.gpus
-        for par in candidate_layouts(request.model, gpu, request.tp, request.pp)
-    ]
-    if not tasks:
+def plan_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism]]:
+    """Every (GPU, layout) the plan weighs, GPU by GPU; an error when there is none."""
+    options = [(gpu, par) for gpu in request.gpus for par in candidate_layouts(request.model, gpu, request.tp,
+                                                                                request.pp)]
+    if not options:
         raise ServesimError(f"no TP/PP layout of {request.model.name} fits in one node of "
                             f"{', '.join(g.name for g in request.gpus)}; leave --tp/--pp open")
-    return tasks
+    return options
+
+
+def option_tasks(request: PlanRequest) -> list[OptionTask]:
+    """One search task per (GPU, layout), GPU by GPU."""
+    return [
+        OptionTask(request.model, gpu, par, request.engine_config(gpu, par), request.dtype, request.estimator,
+                   request.workload, request.slos, request.mode, request.tolerance)
+        for gpu, par in plan_options(request)
+    ]
 
 
 def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:

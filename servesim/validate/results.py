@@ -119,9 +119,12 @@ def _int_or_none(doc: _Doc, value: Any, field: str) -> int | None:
     if value is None:
         return None
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
-        raise ServesimError(f"{doc.path}: field {field} must be an integer, not {value!r}") from None
+        number = 0
+    if number < 1 or (isinstance(value, float) and number != value):
+        raise ServesimError(f"{doc.path}: field {field} must be a whole number of at least 1, not {value!r}")
+    return number
 
 
 def read_vllm_bench(path: Path, data: Mapping) -> list[MeasuredRun]:

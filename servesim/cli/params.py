@@ -1,0 +1,47 @@
+"""Option types shared by the commands, so that a bad value is refused where it is typed, with one line, before any
+work starts: a seed numpy accepts, a rate or limit that is a positive finite number, a file to write into a folder
+that exists."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+
+#: numpy's generators take seeds in [0, 2**32).
+SEED = click.IntRange(0, 2**32 - 1)
+
+
+class PositiveFinite(click.ParamType):
+    """A float above zero and finite: rates and latency limits (click's FloatRange lets inf and nan through)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx) -> float:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not (number > 0 and math.isfinite(number)):
+            self.fail(f"{value!r} is not a positive finite number", param, ctx)
+        return number
+
+
+POSITIVE_FINITE = PositiveFinite()
+
+
+class OutputFile(click.Path):
+    """A file to write: not a folder, in a folder that exists (checked before the command runs, not after)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, path_type=Path)
+
+    def convert(self, value, param, ctx) -> Path:
+        if not str(value).strip():
+            self.fail("needs a file name", param, ctx)
+        path = super().convert(value, param, ctx)
+        folder = path.parent
+        if not folder.is_dir():
+            self.fail(f"folder '{folder}' does not exist; create it or write elsewhere", param, ctx)
+        return path
+
+
+__all__ = ["POSITIVE_FINITE", "SEED", "OutputFile", "PositiveFinite"]

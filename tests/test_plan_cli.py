@@ -166,6 +166,8 @@ def test_bad_inputs_are_one_line_errors():
         (("plan", "--model", "llama3-70b", "--gpus", "H1000"), "unknown GPU 'H1000'"),
         (("plan", "--model", "lama3-70b", "--gpus", "H100"), "unknown model 'lama3-70b'"),
         (("plan", "--model", "llama3-8b", "--gpus", "H100", "--price", "H100"), "GPU=USD_PER_GPU_HOUR"),
+        (("plan", "--model", "llama3-8b", "--gpus", "H100", "--price", "H100=inf"), "'inf' is not a price"),
+        (("plan", "--model", "llama3-8b", "--gpus", "H100", "--price", "H100=-1"), "'-1' is not a price"),
         (("plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "16"), "exceeds the 8 GPUs"),
         (("plan", "--model", "llama3-8b", "--qps", "5", "--concurrency", "8"), "not both"),
         (("plan", "--model", "llama3-8b", "--input-len", "100"), "go with --quick"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 import re
 import tomllib
 from datetime import date
@@ -116,8 +117,9 @@ def parse_price(text: str, where: str) -> float:
         price = float(text)
     except (TypeError, ValueError):
         raise ServesimError(f"{where}: price {text!r} is not a number of USD per GPU-hour") from None
-    if price < 0:
-        raise ServesimError(f"{where}: price {price} is negative; give USD per GPU-hour, 0 or more")
+    if not price >= 0 or math.isinf(price):
+        raise ServesimError(f"{where}: price {text!r} is not a price; give a finite number of USD per GPU-hour, "
+                            f"0 or more")
     return price
 
 

@@ -182,7 +182,7 @@ def test_bad_inputs_are_one_line_errors():
          "3 of 3 requests (up to 9,100 prompt + output tokens) exceed llama3-8b's context"),
         (("simulate", "--model", "llama3-8b", "--goodput", "ttft_ms=0"), "must be a positive number"),
         (("simulate", "--model", "llama3-8b", "--goodput", "ttft_ms=100,ttft_ms=200"), "given twice"),
-        (("simulate", "--model", "llama3-8b", "--cv", "2"), "add --arrival gamma"),
+        (("simulate", "--model", "llama3-8b", "--cv", "2"), "applies to gamma arrivals, not trace"),
         (("latency", "--model", "llama3-8b", "--input-len", "100000"), "lower --input-len/--output-len"),
     ]
     for args, message in cases:

@@ -128,8 +128,6 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
                                               max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
     slos = parse_slos(goodput_text) if goodput_text else None
-    if cv != 1.0 and arrival != "gamma":
-        raise ServesimError("--cv shapes gamma arrivals; add --arrival gamma or drop --cv")
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
                               cv=cv)
     result = simulate(model, gpu, par, cfg, workload, step_model=step_model, replicas=replicas, router=router,

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 _DATA_OPTIONS = (
     click.option("--max-rows", type=click.IntRange(min=1), default=200_000, show_default=True,
                  help="Seeded random subsample of each category's measurements."),
-    click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the subsample, the shape split and training."),
+    click.option("--seed", type=SEED, default=0, show_default=True,
+                 help="Seed of the subsample, the shape split and training."),
     click.option("--vidur-root", type=click.Path(file_okay=False, path_type=Path), default=Path("../shared/data/vidur"),
                  show_default=True, help="Vidur's data folder (element-wise categories), relative to the current "
                                          "directory."),
@@ -192,14 +193,12 @@ def eval_efficiency_command(categories: tuple[str, ...], max_rows: int, seed: in
     import numpy as np
     import pandas as pd
 
-    from servesim.estimator.datasets import category_frame, samples_from_frame
+    from servesim.estimator.datasets import category_frame, sample_frame, samples_from_frame
 
     rows = []
     for category in categories:
         data = category_frame(category, _options(vidur_root, extra_data))
-        frame = data.frame
-        if len(frame) > max_rows:
-            frame = frame.sample(n=max_rows, random_state=seed)
+        frame = sample_frame(data.frame, max_rows, seed)
         samples = samples_from_frame(category, frame)
         finite = np.isfinite(samples.features.values).all(axis=1)
         table = pd.DataFrame({"group": samples.group, "source": samples.kernel_source, "finite": finite,

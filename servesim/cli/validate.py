@@ -193,6 +193,7 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
     servesim validate ops --vidur-root ../shared/data/vidur
     """
     from servesim.estimator.base import ESTIMATORS, get_estimator
+    from servesim.data.vidur import VIDUR_GPUS
     from servesim.hardware import get_gpu
     from servesim.validate.ops import compare_ops, ops_summary
 
@@ -203,7 +204,7 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
     rows = ops_summary(frame, names)
     if not rows:
         raise ServesimError(f"Vidur's data in {vidur_root} has no operator times for {', '.join(gpus)}; it measured "
-                            f"A100-SXM-80GB and H100-SXM")
+                            f"{' and '.join(VIDUR_GPUS.values())}")
     columns = [Column("gpu", "GPU", align="<"), Column("op", "op", align="<"), Column("rows", "rows", ",d"),
                Column("median_measured_us", "median meas. µs", ",.1f")]
     for name in names:

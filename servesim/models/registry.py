@@ -32,6 +32,17 @@ def preset_record(name: str) -> dict:
 
 
 @functools.cache
+def _presets_by_hf_id() -> dict[str, str]:
+    return {preset_record(name)["hf_id"]: name for name in preset_names()}
+
+
+def preset_for_hf_id(hf_id: str) -> str | None:
+    """The preset whose own checkpoint is the Hugging Face id ``hf_id`` (as ``servesim models`` spells it), or
+    None."""
+    return _presets_by_hf_id().get(hf_id)
+
+
+@functools.cache
 def load_preset(name: str) -> ModelConfig:
     record = preset_record(name)
     return config_from_hf_dict(record["config"], name=name, source=record["hf_id"])
@@ -77,9 +88,9 @@ def get_model(ref: str) -> ModelConfig:
     key = ref.strip().lower()
     if key in _preset_files():
         return load_preset(key)
-    by_hf_id = {preset_record(name)["hf_id"].lower(): name for name in preset_names()}
-    if key in by_hf_id and not Path(ref).exists():  # the preset's own checkpoint: no download needed
-        return load_preset(by_hf_id[key])
+    own_checkpoint = preset_for_hf_id(ref.strip())
+    if own_checkpoint is not None and not Path(ref).exists():  # no download needed
+        return load_preset(own_checkpoint)
     if Path(ref).exists() or "/" in ref:
         return _load_with_autoconfig(ref)
     raise ServesimError(

@@ -33,14 +33,13 @@ CHECKPOINT_PRESETS: Mapping[str, str] = {
 
 def preset_for(model_id: str) -> str | None:
     """The preset whose architecture ``model_id`` (a Hugging Face id or a preset name) has, or None."""
-    from servesim.models.registry import preset_names, preset_record
+    from servesim.models.registry import preset_for_hf_id, preset_names
 
     if model_id.strip().lower() in preset_names():
         return model_id.strip().lower()
     if model_id in CHECKPOINT_PRESETS:
         return CHECKPOINT_PRESETS[model_id]
-    by_hf_id = {preset_record(name)["hf_id"]: name for name in preset_names()}
-    return by_hf_id.get(model_id)
+    return preset_for_hf_id(model_id)
 
 
 @dataclass(frozen=True, eq=False)

@@ -200,3 +200,20 @@ def test_occupancy_worked_examples():
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_a_user_error():
     with pytest.raises(ServesimError, match="fp8"):
         decompose(ScaledMM(m=16, n=4096, k=4096), A100)
+
+
+def test_fa2_grid_sized_by_the_longest_request_is_refused_beyond_the_task_limit():
+    """FA2 gives every request the longest one's query tiles: one 128k prompt among a thousand 1-token ones
+    launches 32.8M CTAs, which servesim refuses before building them; FA3 packs the same batch into 41k tasks."""
+    lens = (131072,) + (1,) * 1000
+    shape = dict(query_lens=lens, kv_lens=lens, num_heads=32, num_kv_heads=8, head_dim=128)
+    with pytest.raises(ServesimError, match=r"32,800,768 tasks"):
+        decompose(AttentionPrefill(**shape, backend="fa2"), H100)
+    (launch,) = decompose(AttentionPrefill(**shape, backend="fa3"), H100)
+    assert launch.tasks.size == 8 * (131072 * 4 // 128 + 1000)
+
+
+def test_fa3_is_refused_off_hopper():
+    kernel = AttentionDecode(kv_lens=(1024,), num_heads=32, num_kv_heads=8, head_dim=128, backend="fa3")
+    with pytest.raises(ServesimError, match=r"Hopper GPUs .* not the A100-SXM-80GB \(8.0\)"):
+        decompose(kernel, get_gpu("A100"))

@@ -141,3 +141,25 @@ def test_bad_input_is_a_one_line_error():
     assert isinstance(result.exception, ServesimError) and "no block-scaled MM in library 'cutlass'" in str(
         result.exception)
     assert {c.name for c in SUBCOMMANDS} == {"gemm", "scaled-mm", "attention", "rmsnorm", "silu-mul", "moe"}
+
+
+@pytest.mark.parametrize("command,args,message", [
+    (moe, ["--tokens", "4", "--experts", "8", "--top-k", "9"], "--top-k of at most 8"),
+    (moe, ["--tokens", "4", "--experts", "2", "--top-k", "1", "--expert-tokens", "5,-1"], "from 0 to the 4 tokens"),
+    (moe, ["--tokens", "4", "--experts", "2", "--top-k", "1", "--expert-tokens", "a,b"], "comma-separated integers"),
+    (attention, ["--q", "1", "--kv", "4096,3000000000"], "from 1 to 2,147,483,647"),
+    (gemm, ["--m", "2147483647", "--n", "8192", "--k", "8192"], "536,870,912 tasks"),
+])
+def test_impossible_kernels_are_refused_before_any_arrays(command, args, message):
+    """A kernel no engine launches (top-k above the experts, a count beyond int32, billions of tiles) is a one-line
+    error, not a traceback or an allocation of tens of gigabytes."""
+    if command is moe:
+        args = [*args, "--hidden", "64", "--intermediate", "64"]
+    result = CliRunner().invoke(command, ["--gpu", "H100", *args])
+    assert isinstance(result.exception, ServesimError), result.output
+    assert message in str(result.exception) and "\n" not in str(result.exception)
+
+
+def test_kernel_dimensions_beyond_int32_are_refused_as_they_are_parsed():
+    result = CliRunner().invoke(gemm, ["--gpu", "H100", "--m", str(2**63), "--n", "8", "--k", "8"])
+    assert result.exit_code == 2 and "1<=x<=2147483647" in result.output

@@ -44,8 +44,14 @@ def test_json_carries_the_full_sequence_and_consistent_totals():
     (["--batch", "prefill=2048"], "prefill:NEW"),
     (["--tp", "3"], "TP=3"),
     (["--engine", "trtllm"], "vllm"),
+    (["--batch", "decode:4x100, prefill:9000"], "exceed llama3-70b's context of 8,192 tokens"),
 ])
 def test_bad_input_is_a_one_line_error(extra, message):
     result = CliRunner().invoke(kernels_command, [*ARGS, *extra])
     assert isinstance(result.exception, ServesimError)
     assert message in str(result.exception) and "\n" not in str(result.exception)
+
+
+def test_json_and_csv_together_are_refused_not_resolved_by_order():
+    result = CliRunner().invoke(kernels_command, [*ARGS, "--json", "--csv"])
+    assert result.exit_code == 2 and "--json and --csv are alternatives" in result.output

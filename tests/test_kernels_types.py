@@ -82,7 +82,8 @@ def test_parse_batch_syntax():
     assert parse_batch("prefill:2x100") == BatchSpec(prefills=(PrefillChunk(100),) * 2)
 
 
-@pytest.mark.parametrize("text", ["", "prefill", "decode:1024+5", "prefil:10", "decode:0x5", "prefill:0"])
+@pytest.mark.parametrize("text", ["", "prefill", "decode:1024+5", "prefil:10", "decode:0x5", "prefill:0", "decode:0",
+                                  "decode:5000000x10", "prefill:3000000000"])
 def test_parse_batch_rejects_bad_input_with_the_syntax(text):
     with pytest.raises(ServesimError):
         parse_batch(text)

@@ -119,13 +119,12 @@ def test_heap_and_runs_of_equal_tasks_take_the_slots_the_definition_gives(first,
 
 
 def test_partitions_cover_every_task_exactly_once():
-    kernels = [Gemm(m=1000, n=3000, k=1000),
-               AttentionPrefill(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8,
-                                head_dim=128, backend="fa2"),
-               AttentionPrefill(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8,
-                                head_dim=128, backend="fa3")]
-    for kernel in kernels:
-        for gpu in (H100, A100):
+    prefill = dict(query_lens=(500, 3000), kv_lens=(500, 3000), num_heads=32, num_kv_heads=8, head_dim=128)
+    runs = [(Gemm(m=1000, n=3000, k=1000), (H100, A100)), (AttentionPrefill(**prefill, backend="fa2"), (H100, A100)),
+            (AttentionPrefill(**prefill, backend="flashinfer"), (H100, A100)),
+            (AttentionPrefill(**prefill, backend="fa3"), (H100,))]  # FA3 is Hopper-only
+    for kernel, gpus in runs:
+        for gpu in gpus:
             for launch in decompose(kernel, gpu):
                 part = schedule(launch, gpu)
                 assert part.tasks_per_sm().sum() == launch.tasks.size

@@ -100,7 +100,11 @@ def test_length_specs_read_as_documented(spec, expected):
         ("uniform:2048-512:64", "low <= high"),
         ("lognormal:2048:abc", "output part 'abc'"),
         ("zipf:16-8192,x:16-64", "prompt part '16-8192,x'"),
-        ("fixed:0:10", "at least 1 token"),
+        ("fixed:0:10", "1 to 2,147,483,647 tokens"),
+        ("uniform:512-99999999999999999999:64", "<= 2,147,483,647"),
+        ("lognormal:2048,1e300:256,1", "at most 10"),
+        ("lognormal:inf,0.5:256,1", "not mean inf"),
+        ("zipf:16-2000000000:16", "spans at most 16,777,216 lengths"),
     ],
 )
 def test_bad_length_specs_say_which_part_is_wrong(spec, named):
@@ -216,6 +220,8 @@ def test_max_tokens_truncate_long_requests():
         ({"profile_or_trace": "arxiv", "qps": -1.0}, "positive"),
         ({"profile_or_trace": "arxiv", "qps": 1.0, "arrival": "weibull"}, "poisson, gamma, burst, trace"),
         ({"profile_or_trace": "arxiv", "concurrency": 0}, "at least 1 client"),
+        ({"profile_or_trace": "arxiv", "qps": 1.0, "arrival": "gamma", "cv": 1e308}, "at most 10"),
+        ({"profile_or_trace": "lognormal:1000000000,10:256", "qps": 1.0}, "drew .* tokens, beyond"),
     ],
 )
 def test_build_workload_explains_bad_requests(kwargs, message):
@@ -289,3 +295,8 @@ def test_committed_profiles_are_derived_from_the_shared_traces(name):
     derived = derive_profile_record(load_trace(TRACES / PROFILE_TRACES[name]), "", {})
     for key in ("trace_stats", "lengths", "arrivals"):
         assert json.loads(json.dumps(derived.get(key))) == committed.get(key), key
+
+
+def test_a_folder_is_not_taken_for_an_unknown_workload_name(tmp_path):
+    with pytest.raises(ServesimError, match="is a folder; give the path of one CSV/JSONL trace file"):
+        build_workload(str(tmp_path), qps=1.0)

@@ -74,3 +74,8 @@ def test_user_errors_are_servesim_errors():
     assert isinstance(result.exception, ServesimError) and "--qps" in str(result.exception)
     result = run("arxiv", "splitwise-conv", "--qps", "1", "--out", "x.csv")
     assert isinstance(result.exception, ServesimError) and "single source" in str(result.exception)
+
+
+def test_more_requests_than_a_run_can_hold_are_refused_as_typed():
+    result = run("arxiv", "--qps", "1", "-n", "1000000000000")
+    assert result.exit_code == 2 and "1<=x<=1000000" in result.output

@@ -10,7 +10,9 @@ import click
 import numpy as np
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table
+from servesim.cli.params import DIMENSION
 from servesim.errors import ServesimError
+from servesim.limits import MAX_TOKENS
 from servesim.kernels.types import SCALED_MM_LIBRARIES, SCALED_MM_LIBRARY_NAMES
 
 _SHOWN_TASKS = 8
@@ -21,9 +23,23 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ServesimError(f"{option} takes comma-separated integers, e.g. 512,2048; got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ServesimError(f"{option} values must be positive integers; got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_TOKENS:
+        raise ServesimError(f"{option} values must be integers from 1 to {MAX_TOKENS:,}; got {text!r}")
     return values
+
+
+def _expert_counts(text: str, experts: int, tokens: int, pairs: int) -> tuple[int, ...]:
+    """``--expert-tokens``: one count per expert, each from 0 to ``tokens`` (a token picks an expert at most once),
+    summing to the routed pairs."""
+    try:
+        counts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ServesimError(f"--expert-tokens takes comma-separated integers, e.g. 3,0,5,2; got {text!r}") from None
+    if len(counts) != experts or sum(counts) != pairs:
+        raise ServesimError(f"--expert-tokens needs {experts} counts summing to tokens x top-k = {pairs}")
+    if min(counts) < 0 or max(counts) > tokens:
+        raise ServesimError(f"--expert-tokens counts must be from 0 to the {tokens} tokens; got {text!r}")
+    return counts
 
 
 def analyse(kernel: Any, gpu_name: str, estimator: str) -> dict[str, Any]:
@@ -120,7 +136,7 @@ def _common(func):
 
 
 def _positive(name: str, **kw):
-    return click.option(name, type=click.IntRange(min=1), required=True, **kw)
+    return click.option(name, type=DIMENSION, required=True, **kw)
 
 
 @click.command("gemm")
@@ -158,16 +174,21 @@ def scaled_mm(m: int, n: int, k: int, scale: str, library: str | None, gpu: str,
 @click.option("--q", "q_text", default="1", show_default=True,
               help="New tokens per request, comma-separated; all 1 means decode.")
 @click.option("--kv", "kv_text", required=True, help="Keys per request (new included), comma-separated.")
-@click.option("--heads", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--kv-heads", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--backend", type=click.Choice(["fa2", "fa3", "flashinfer"]), default="fa3", show_default=True)
+@click.option("--heads", type=DIMENSION, default=32, show_default=True)
+@click.option("--kv-heads", type=DIMENSION, default=8, show_default=True)
+@click.option("--head-dim", type=DIMENSION, default=128, show_default=True)
+@click.option("--backend", type=click.Choice(["fa2", "fa3", "flashinfer"]), default=None,
+              help="Attention kernels [default: vLLM's on this GPU: fa3 on Hopper, flashinfer on Blackwell, else fa2].")
 @click.option("--no-causal", is_flag=True, help="Bidirectional prefill.")
 @_common
-def attention(q_text: str, kv_text: str, heads: int, kv_heads: int, head_dim: int, backend: str, no_causal: bool,
-              gpu: str, estimator: str, explain: bool, output_format: str) -> None:
+def attention(q_text: str, kv_text: str, heads: int, kv_heads: int, head_dim: int, backend: str | None,
+              no_causal: bool, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     """Analyse attention prefill (any --q above 1) or decode."""
+    from servesim.hardware import get_gpu
+    from servesim.kernels.engines import get_engine
     from servesim.kernels.types import AttentionDecode, AttentionPrefill
+
+    backend = backend or get_engine("vllm").attention_backend(get_gpu(gpu).architecture)
 
     q, kv = _ints(q_text, "--q"), _ints(kv_text, "--kv")
     if len(q) == 1:
@@ -222,13 +243,14 @@ def moe(tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, e
     """Analyse vLLM's Triton fused MoE (gate/up grouped GEMM, SiLU&Mul, down grouped GEMM)."""
     from servesim.kernels.types import FusedMoE
 
+    if top_k > experts:
+        raise ServesimError(f"--top-k {top_k} routes each token to more experts than the {experts} there are; "
+                            f"give a --top-k of at most {experts}")
     pairs = tokens * top_k
     if expert_tokens is None:
         counts = tuple(int(c) for c in np.diff(np.linspace(0, pairs, experts + 1).round()))
     else:
-        counts = tuple(int(v) for v in expert_tokens.split(",")) if expert_tokens else ()
-        if len(counts) != experts or sum(counts) != pairs:
-            raise ServesimError(f"--expert-tokens needs {experts} counts summing to tokens x top-k = {pairs}")
+        counts = _expert_counts(expert_tokens, experts, tokens, pairs)
     _run(lambda: FusedMoE(tokens=tokens, num_experts=experts, top_k=top_k, hidden=hidden, intermediate=intermediate,
                           expert_tokens=counts), gpu, estimator, explain, output_format)
 

@@ -82,10 +82,12 @@ def kernels_command(
     from servesim.kernels.batch import parse_batch
     from servesim.kernels.expand import expand
     from servesim.models import get_model
+    from servesim.models.config import check_context
 
     model = get_model(model_ref)
     gpu = get_gpu(gpu_name)
     batch = parse_batch(batch_text)
+    check_context(model, batch.kv_lens, fix="shorten the batch's requests")
     step = expand(engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype)
     n_kernels, n_collectives = len(step.kernels), len(step.collectives)
     title = (

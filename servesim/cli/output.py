@@ -6,6 +6,7 @@ Every command that prints rows goes through :func:`emit` so that ``--json`` and 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -108,12 +109,16 @@ def estimator_option(func):
 
 
 def output_format_options(func):
-    """Add the mutually exclusive ``--json`` / ``--csv`` flags as one ``output_format`` parameter."""
-    func = click.option(
-        "--csv", "output_format", flag_value="csv", help="Print comma-separated values, one line per row."
-    )(func)
-    func = click.option("--json", "output_format", flag_value="json", help="Print JSON for tools.")(func)
-    func = click.option(
-        "--table", "output_format", flag_value="table", default=True, hidden=True, help="Print a table (default)."
-    )(func)
-    return func
+    """Add the ``--json`` and ``--csv`` flags, at most one of them, as one ``output_format`` parameter: "table" (the
+    default), "json" or "csv"."""
+
+    @functools.wraps(func)
+    def command(*args: Any, json_output: bool, csv_output: bool, **kwargs: Any) -> Any:
+        if json_output and csv_output:
+            raise click.UsageError("--json and --csv are alternatives; give one of them")
+        output_format = "json" if json_output else "csv" if csv_output else "table"
+        return func(*args, output_format=output_format, **kwargs)
+
+    command = click.option("--csv", "csv_output", is_flag=True,
+                           help="Print comma-separated values, one line per row.")(command)
+    return click.option("--json", "json_output", is_flag=True, help="Print JSON for tools.")(command)

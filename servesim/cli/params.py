@@ -9,8 +9,15 @@ from pathlib import Path
 
 import click
 
+from servesim.limits import MAX_REQUESTS, MAX_TOKENS
+
 #: numpy's generators take seeds in [0, 2**32).
 SEED = click.IntRange(0, 2**32 - 1)
+
+#: A kernel dimension, head count or token count.
+DIMENSION = click.IntRange(1, MAX_TOKENS)
+#: Requests to simulate or generate.
+REQUEST_COUNT = click.IntRange(1, MAX_REQUESTS)
 
 
 class PositiveFinite(click.ParamType):
@@ -44,4 +51,4 @@ class OutputFile(click.Path):
         return path
 
 
-__all__ = ["POSITIVE_FINITE", "SEED", "OutputFile", "PositiveFinite"]
+__all__ = ["DIMENSION", "POSITIVE_FINITE", "REQUEST_COUNT", "SEED", "OutputFile", "PositiveFinite"]

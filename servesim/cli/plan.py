@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
-from servesim.cli.params import POSITIVE_FINITE, SEED
+from servesim.cli.params import DIMENSION, POSITIVE_FINITE, REQUEST_COUNT, SEED
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -206,17 +206,17 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.command("plan")
 @click.option("--model", "model_ref", required=True, help="Preset name (see 'servesim models'), a path to a config.json, or a Hugging Face hub id.")
 @click.option("--gpus", "gpu_list", default="H100", show_default=True, help="Comma-separated GPU names or aliases (see 'servesim gpus'), or 'all'.")
-@click.option("--tp", type=click.IntRange(min=1), default=None, help="Tensor-parallel GPUs per stage [default: every divisor of the GPUs in a node, TP×PP within a node].")
-@click.option("--pp", type=click.IntRange(min=1), default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
+@click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel GPUs per stage [default: every divisor of the GPUs in a node, TP×PP within a node].")
+@click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True, help="Serving engine whose kernels, defaults, memory rules and scheduler are modelled.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True, help="Weight and activation precision (fp8 = W8A8 with per-tensor scales).")
 @estimator_option
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), help="Token budget per step / prefill chunk size; engine default if unset.")
+@click.option("--max-num-seqs", type=DIMENSION, help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
+@click.option("--max-num-batched-tokens", type=DIMENSION, help="Token budget per step / prefill chunk size; engine default if unset.")
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True, help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token).")
 @click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
-@click.option("-n", "--num-requests", type=click.IntRange(min=1), default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
+@click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
 @click.option("--arrival", type=click.Choice(("poisson", "trace")), default=None, help="Arrival process whose rate is searched: poisson, or the profile's or trace's own gaps rescaled [default: poisson].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the workload (the same requests at every load).")
 @click.option("--qps", type=POSITIVE_FINITE, default=None, help="Target load in requests/s: replicas = ceil(target / capacity).")
@@ -231,8 +231,8 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Parallel searches [default: the CPU count].")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Write PNGs here: latency vs load per option and the cost-vs-TPOT Pareto front (needs matplotlib).")
 @click.option("--quick", is_flag=True, help="Only the analytical per-GPU estimate: no traffic simulated, no SLOs.")
-@click.option("--input-len", type=click.IntRange(min=1), default=None, help="With --quick: prompt tokens per request [default: 1024].")
-@click.option("--output-len", type=click.IntRange(min=1), default=None, help="With --quick: output tokens per request [default: 256].")
+@click.option("--input-len", type=DIMENSION, default=None, help="With --quick: prompt tokens per request [default: 1024].")
+@click.option("--output-len", type=DIMENSION, default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                  memory_fraction, kv_cache_dtype, source, num_requests, arrival, seed, qps, concurrency, tolerance,

@@ -8,7 +8,7 @@ import math
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
-from servesim.cli.params import POSITIVE_FINITE, SEED, OutputFile
+from servesim.cli.params import DIMENSION, POSITIVE_FINITE, REQUEST_COUNT, SEED, OutputFile
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -27,14 +27,14 @@ def _engine_options(func):
     for option in reversed((
         click.option("--model", "model_ref", required=True, help="Preset name, config.json path or Hugging Face id."),
         click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'."),
-        click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), help="Tensor-parallel size."),
-        click.option("--pp", default=1, show_default=True, type=click.IntRange(min=1), help="Pipeline stages."),
+        click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size."),
+        click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline stages."),
         click.option("--engine", type=click.Choice(("vllm", "sglang")), default="vllm", show_default=True),
         click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 or fp8-block."),
         estimator_option,
-        click.option("--max-num-seqs", type=click.IntRange(min=1), default=None,
+        click.option("--max-num-seqs", type=DIMENSION, default=None,
                      help="vLLM max_num_seqs / SGLang max_running_requests [default: the engine's]."),
-        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,
+        click.option("--max-num-batched-tokens", type=DIMENSION, default=None,
                      help="vLLM token budget per step / SGLang chunked_prefill_size [default: the engine's]."),
         click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help="vLLM gpu_memory_utilization / SGLang mem_fraction_static [default: the engine's]."),
@@ -92,7 +92,7 @@ def _latency_rows(summary: dict) -> list[dict]:
 @_engine_options
 @click.option("--workload", "source", default="splitwise-conv", show_default=True,
               help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
-@click.option("-n", "--num-requests", type=click.IntRange(min=1), default=None,
+@click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None,
               help="Requests [default: 1000; a trace: all its rows].")
 @click.option("--qps", type=float, default=None, help="Arrival rate, requests per second.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
@@ -164,9 +164,9 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
 
 @click.command("latency")
 @_engine_options
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--input-len", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--batch-size", type=REQUEST_COUNT, default=8, show_default=True)
+@click.option("--input-len", type=DIMENSION, default=32, show_default=True)
+@click.option("--output-len", type=DIMENSION, default=128, show_default=True)
 @output_format_options
 def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                     gpu_memory_utilization, kv_cache_dtype, batch_size, input_len, output_len, output_format) -> None:

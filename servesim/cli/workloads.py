@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from servesim.cli.output import Column, emit, output_format_options, to_csv
-from servesim.cli.params import SEED, OutputFile
+from servesim.cli.params import DIMENSION, REQUEST_COUNT, SEED, OutputFile
 from servesim.errors import ServesimError
 from servesim.workloads import (
     ARRIVALS,
@@ -57,7 +57,7 @@ def requests_csv(workload: Workload) -> str:
 
 @click.command("workload")
 @click.argument("sources", nargs=-1, required=True, metavar="PROFILE|SPEC|TRACE...")
-@click.option("-n", "--requests", "num_requests", type=click.IntRange(min=1), default=None,
+@click.option("-n", "--requests", "num_requests", type=REQUEST_COUNT, default=None,
               help=f"Requests to generate [default: {DEFAULT_REQUESTS}; a trace: all its rows].")
 @click.option("--qps", type=float, default=None, help="Arrival rate in requests per second.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
@@ -70,8 +70,8 @@ def requests_csv(workload: Workload) -> str:
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Multiply a trace's own arrival times (0.5 replays twice as fast).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed; the same seed, the same requests.")
-@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None, help="Truncate longer prompts.")
-@click.option("--max-output-tokens", type=click.IntRange(min=1), default=None, help="Truncate longer outputs.")
+@click.option("--max-prompt-tokens", type=DIMENSION, default=None, help="Truncate longer prompts.")
+@click.option("--max-output-tokens", type=DIMENSION, default=None, help="Truncate longer outputs.")
 @click.option("--columns", default=None, metavar="prompt=COL,output=COL[,arrival=COL]",
               help="Column names of a CSV/JSONL trace in a format servesim does not recognise.")
 @click.option("--out", type=OutputFile(), default=None,

@@ -23,6 +23,7 @@ from servesim.decompose.launch import (
     LaunchConfig,
     TaskSet,
     task_arrays,
+    check_task_count,
     cold_bytes,
     occupancy,
     pipe_rate_vector,
@@ -215,10 +216,15 @@ def _head_dims(request, tile_idx, split, rows, keys) -> tuple[np.ndarray, ...]:
     return request, np.zeros_like(request), tile_idx, split, rows, keys
 
 
-def _check(kernel) -> str:
-    """The backend whose kernels ``kernel`` is decomposed as; raises on a bad backend or head grouping."""
+def _check(kernel, gpu: GpuSpec) -> str:
+    """The backend whose kernels ``kernel`` is decomposed as; raises on a bad backend, one the GPU cannot run or a
+    bad head grouping."""
     if kernel.backend not in BACKENDS:
         raise ServesimError(f"unknown attention backend {kernel.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if kernel.backend == "fa3" and not gpu.compute_capability.startswith("9"):
+        # FlashAttention-3's kernels use Hopper's TMA and warpgroup MMA; vLLM and SGLang pick it on SM 9.x only.
+        raise ServesimError(f"FlashAttention-3 (fa3) runs on Hopper GPUs (compute capability 9.x), not the "
+                            f"{gpu.name} ({gpu.compute_capability}); choose fa2 or flashinfer")
     if kernel.num_heads % kernel.num_kv_heads:
         raise ServesimError(f"{kernel.num_heads} query heads do not group evenly over {kernel.num_kv_heads} KV heads")
     return _DECOMPOSED_AS.get(kernel.backend, kernel.backend)
@@ -228,7 +234,7 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
     """FA2: grid (ceil(max_q / 128), batch, heads), shorter requests' surplus CTAs exit at once; hardware
     round-robin. FA3 and FlashInfer on SM90: GQA-packed varlen tiles on a persistent grid, longest tile first to the
     least-loaded CTA. FlashInfer elsewhere: GQA-packed (request, query tile) work items x KV heads, round-robin."""
-    backend = _check(kernel)
+    backend = _check(kernel, gpu)
     q = np.asarray(kernel.query_lens, dtype=np.int64)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
@@ -243,8 +249,13 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
         else:
             tile = _flashinfer_fa2_tile(float(q.mean()) * group, kernel.head_dim, elem)
         pack, heads = group, kernel.num_kv_heads
+    # Each request has ceil(q * pack / block_m) query tiles; FA2's grid gives every request the longest's count.
+    tiles_per_req = -(-(q * pack) // tile.block_m)
+    if backend == "fa2":
+        tiles_per_req[:] = tiles_per_req.max()
+    check_task_count(kernel, heads * int(tiles_per_req.sum()))
     # Launch order: tiles fastest, then requests, then heads (grid x, y, z); every head runs the same tiles.
-    req, tile_idx, rows, keys, demand, duration = _prefill_tasks(q, kv, backend == "fa2", tile.block_m, tile.block_n,
+    req, tile_idx, rows, keys, demand, duration = _prefill_tasks(q, kv, tiles_per_req, tile.block_m, tile.block_n,
                                                                  pack, kernel.causal, heads,
                                                                  *_task_inputs(kernel, gpu, tile))
     dims = _head_dims(req, tile_idx, np.zeros_like(req), rows, keys)
@@ -254,15 +265,11 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
 
 
 @jit
-def _prefill_tasks(q: np.ndarray, kv: np.ndarray, grid_by_longest: bool, block_m: int, block_n: int, group: int,
-                   causal: bool, heads: int, per_unit: np.ndarray, rates: np.ndarray,
+def _prefill_tasks(q: np.ndarray, kv: np.ndarray, tiles_per_req: np.ndarray, block_m: int, block_n: int,
+                   group: int, causal: bool, heads: int, per_unit: np.ndarray, rates: np.ndarray,
                    cold_dram_bytes: float) -> tuple[np.ndarray, ...]:
-    """One head's prefill tiles (:func:`_prefill_tiles`: request, tile, rows, keys) and every head's demand and
-    durations (:func:`_attention_tasks`). Each request has ``ceil(q * group / block_m)`` tiles, or with
-    ``grid_by_longest`` (FA2's grid) as many as the longest request."""
-    tiles_per_req = -(-(q * group) // block_m)
-    if grid_by_longest:
-        tiles_per_req[:] = tiles_per_req.max()
+    """One head's prefill tiles (:func:`_prefill_tiles`: request, tile, rows, keys; ``tiles_per_req`` query tiles
+    per request) and every head's demand and durations (:func:`_attention_tasks`)."""
     request, tile, rows, pairs, keys, blocks = _prefill_tiles(q, kv, tiles_per_req, block_m, block_n, group, causal)
     demand, duration = _attention_tasks(per_unit, rows, pairs, keys, blocks, block_m, block_n, rates, heads,
                                         cold_dram_bytes)
@@ -340,7 +347,7 @@ def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile,
     """The tile and the number of KV splits (FA2/FA3) or pages per chunk (FlashInfer) the backend chooses. FlashInfer
     with more than FLASHINFER_DECODE_MAX_GROUP query heads per KV head runs its prefill (tensor-core) kernel, whose
     plan chunks the KV the same way."""
-    backend = _check(kernel)
+    backend = _check(kernel, gpu)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
     elem, kv_b = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype)
@@ -373,7 +380,7 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
     tile, choice = decode_splits(kernel, gpu)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
-    if _check(kernel) == "flashinfer":
+    if _check(kernel, gpu) == "flashinfer":
         chunk_keys = choice * kernel.page_size
         chunks = -(-kv // chunk_keys)
         splits_label = f"{choice} pages per chunk"
@@ -383,6 +390,7 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
         chunks = np.full_like(kv, choice)
         splits_label = f"{choice} KV splits"
     heads = kernel.num_kv_heads
+    check_task_count(kernel, heads * int(chunks.sum()))
     req, split, rows, keys, demand, duration = _decode_tasks(kv, chunks, chunk_keys, group, tile.block_m,
                                                              tile.block_n, heads, *_task_inputs(kernel, gpu, tile))
     dims = _head_dims(req, np.zeros_like(req), split, rows, keys)

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, pipe_rate_vector, task_set
+from servesim.decompose.launch import (
+    ROUND_ROBIN,
+    Launch,
+    LaunchConfig,
+    check_task_count,
+    pipe_rate_vector,
+    task_set,
+)
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import (
     AddRMSNorm,
@@ -64,6 +71,7 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
 def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
     ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
     ctas = max(ctas, 1)
+    check_task_count(kernel, ctas)
     rates = pipe_rate_vector(gpu, "")
     bytes_per_cta = kernel.bytes_moved() / ctas
     demand = {

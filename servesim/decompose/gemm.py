@@ -17,6 +17,7 @@ from servesim.decompose.launch import (
     STATIC_PERSISTENT,
     Launch,
     LaunchConfig,
+    check_task_count,
     cold_bytes,
     dram_fraction,
     occupancy,
@@ -318,6 +319,7 @@ def _launch(kernel: Gemm | ScaledMM, gpu: GpuSpec, t: GemmTiling, name: str) -> 
     m, n, k = (np.array([x]) for x in (kernel.m, kernel.n, kernel.k))
     rates = pipe_rate_vector(gpu, kernel.dtype)
     count = int(t.num_tasks(m, n)[0])
+    check_task_count(kernel, count)
     j = np.arange(count)
     p, tm, tn, rows, cols, depth, last = tile_coords(j, m, n, k, t)
     useful = tile_demand(t, rows, cols, depth, last, kernel.bias)

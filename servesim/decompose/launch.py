@@ -17,7 +17,8 @@ import numpy as np
 from servesim.compiled import binary_ufunc, jit, pairwise_sum
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
-from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, ScaledMM
+from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, Kernel, ScaledMM
+from servesim.limits import MAX_TASKS_PER_LAUNCH
 
 #: Scheduling policies (see servesim.scheduler).
 ROUND_ROBIN = "round_robin"  # hardware block scheduler
@@ -41,6 +42,15 @@ SMEM_RESERVED_PER_CTA_BYTES = 1024
 REGISTER_ALLOC_UNIT = 256
 SUB_PARTITIONS = 4
 MAX_THREADS_PER_CTA = 1024
+
+
+def check_task_count(kernel: Kernel, tasks: int) -> None:
+    """Refuse a launch of more than :data:`MAX_TASKS_PER_LAUNCH` tasks before its arrays are built."""
+    if tasks > MAX_TASKS_PER_LAUNCH:
+        raise ServesimError(
+            f"{kernel.category} {kernel.shape()} would launch {tasks:,} tasks, more than the {MAX_TASKS_PER_LAUNCH:,} "
+            "servesim decomposes per launch; give smaller dimensions"
+        )
 
 
 @dataclass(frozen=True)

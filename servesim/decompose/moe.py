@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from servesim.decompose.elementwise import decompose_rowwise
-from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, pipe_rate_vector, task_set
+from servesim.decompose.launch import (
+    ROUND_ROBIN,
+    Launch,
+    LaunchConfig,
+    check_task_count,
+    pipe_rate_vector,
+    task_set,
+)
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import FusedMoE, SiluMul, dtype_bytes
 
@@ -26,24 +33,30 @@ def moe_config(kernel: FusedMoE) -> dict[str, int]:
     return {"m": 64, "n": 64, "k": 32, "group": 8}
 
 
-def padded_blocks(kernel: FusedMoE, block_m: int) -> tuple[int, np.ndarray]:
-    """(grid M blocks, rows of each real block in expert order). The grid covers the worst-case padded length
-    numel + E·(BLOCK_M − 1) (capped at numel·BLOCK_M when numel < E); real blocks are ceil(n_e / BLOCK_M) per expert."""
-    counts = np.asarray(kernel.expert_tokens, dtype=np.int64)
+def grid_m_blocks(kernel: FusedMoE, block_m: int) -> int:
+    """M blocks of the grouped GEMM's grid: the worst-case padded length numel + E·(BLOCK_M − 1) (capped at
+    numel·BLOCK_M when numel < E) over BLOCK_M."""
     numel = kernel.tokens * kernel.top_k
     padded = numel + kernel.num_experts * (block_m - 1)
     if numel < kernel.num_experts:
         padded = min(numel * block_m, padded)
+    return -(-padded // block_m)
+
+
+def real_block_rows(kernel: FusedMoE, block_m: int) -> np.ndarray:
+    """Rows of each real M block in expert order: ceil(n_e / BLOCK_M) blocks per expert."""
+    counts = np.asarray(kernel.expert_tokens, dtype=np.int64)
     per_expert = -(-counts // block_m)
     owner = np.repeat(np.arange(len(counts)), per_expert)
     first = np.cumsum(per_expert) - per_expert
     rows = np.minimum(block_m, counts[owner] - (np.arange(int(per_expert.sum())) - first[owner]) * block_m)
-    return -(-padded // block_m), rows
+    return rows
 
 
 def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str, int], name: str) -> Launch:
-    grid_m, block_rows = padded_blocks(kernel, cfg["m"])
-    grid_n = -(-n // cfg["n"])
+    grid_m, grid_n = grid_m_blocks(kernel, cfg["m"]), -(-n // cfg["n"])
+    check_task_count(kernel, grid_m * grid_n)
+    block_rows = real_block_rows(kernel, cfg["m"])
     pid = np.arange(grid_m * grid_n)
     # Triton GROUP_SIZE_M swizzle: consecutive programs walk GROUP_SIZE_M row blocks before the next column.
     per_group = cfg["group"] * grid_n

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from servesim.errors import ServesimError
+from servesim.limits import MAX_TASKS_PER_LAUNCH, MAX_TOKENS
 
 BATCH_SYNTAX_HELP = (
     "Comma-separated items, each optionally repeated with COUNTx: 'prefill:NEW' (a chunk of NEW prompt tokens, "
@@ -103,12 +104,19 @@ def parse_batch(text: str) -> BatchSpec:
         repeat = int(count) if count else 1
         if repeat < 1:
             raise ServesimError(f"batch item {raw.strip()!r} repeats 0 times; write COUNTx with COUNT >= 1")
+        if len(prefills) + len(decodes) + repeat > MAX_TASKS_PER_LAUNCH:  # refused before the tuple is built
+            raise ServesimError(f"the batch holds more than {MAX_TASKS_PER_LAUNCH:,} requests; give fewer")
+        if max(int(length), int(cached or 0)) > MAX_TOKENS:
+            raise ServesimError(f"batch item {raw.strip()!r}: token counts go up to {MAX_TOKENS:,}")
         if kind == "decode":
             if cached is not None:
                 raise ServesimError(
                     f"batch item {raw.strip()!r}: a decode takes one CONTEXT length, not NEW+CACHED; "
                     f"write e.g. 'decode:{length}'"
                 )
+            if int(length) < 1:
+                raise ServesimError(f"batch item {raw.strip()!r}: a decoding request has at least its 1 prompt "
+                                    "token cached; write 'decode:CONTEXT' with CONTEXT >= 1")
             decodes.extend([int(length)] * repeat)
         else:
             prefills.extend([PrefillChunk(int(length), int(cached or 0))] * repeat)

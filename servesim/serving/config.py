@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from servesim.errors import ServesimError
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.engines import get_engine, sglang_memory_defaults
 from servesim.kernels.expand import kv_storage_dtype
@@ -36,6 +37,14 @@ class EngineConfig:
     block_size: int  # tokens per KV page
     enable_chunked_prefill: bool = True
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: auto (the activation dtype) or fp8
+
+    def __post_init__(self) -> None:
+        # vllm/config/scheduler.py SchedulerConfig verification: a step must have room for one token per sequence.
+        if self.engine == "vllm" and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ServesimError(
+                f"vLLM needs max_num_batched_tokens ({self.max_num_batched_tokens}) >= max_num_seqs "
+                f"({self.max_num_seqs}); raise --max-num-batched-tokens or lower --max-num-seqs"
+            )
 
     def with_overrides(self, **overrides: float | int | str | None) -> "EngineConfig":
         """A copy with the given fields replaced (``None`` keeps the default)."""

@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from servesim.errors import ServesimError
+from servesim.limits import MAX_CV
 from servesim.workloads.lengths import QuantileTable
 
 
@@ -52,8 +53,9 @@ class Gamma:
 
     def __post_init__(self) -> None:
         _check_rate(self.rate_per_s)
-        if not (self.cv > 0 and np.isfinite(self.cv)):
-            raise ServesimError(f"the gap coefficient of variation cv must be positive, not {self.cv}")
+        if not 0 < self.cv <= MAX_CV:
+            raise ServesimError(f"the gap coefficient of variation cv must be above 0 and at most {MAX_CV:g} (beyond, "
+                                f"most gaps round to 0 s), not {self.cv}")
 
     def arrival_times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         shape = 1 / self.cv**2

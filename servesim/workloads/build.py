@@ -49,6 +49,8 @@ def _draw(source: str, num_requests: int | None, rng: np.random.Generator, colum
         profile = load_profile(source)
         return _Drawn(profile.name, profile.lengths.sample(rng, num_requests or DEFAULT_REQUESTS), profile.arrivals)
     if not is_trace:
+        if Path(source).is_dir():
+            raise ServesimError(f"workload {source!r} is a folder; give the path of one CSV/JSONL trace file in it")
         raise _unknown(source)
     trace = load_trace(source, columns)
     n = len(trace) if num_requests is None else num_requests

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from servesim.errors import ServesimError
+from servesim.limits import MAX_CV, MAX_TOKENS
 
 
 class LengthDistribution(Protocol):
@@ -25,8 +26,16 @@ class LengthDistribution(Protocol):
 
 
 def _as_tokens(values: np.ndarray) -> np.ndarray:
-    """Round to whole tokens, at least 1."""
+    """Round to whole tokens, at least 1; a draw beyond :data:`MAX_TOKENS` is refused rather than wrapped."""
+    if values.size and not values.max() <= MAX_TOKENS:
+        raise ServesimError(f"a length distribution drew {values.max():.3g} tokens, beyond the {MAX_TOKENS:,} the "
+                            "engines count to; lower its mean or cv")
     return np.maximum(np.rint(values), 1).astype(np.int64)
+
+
+def _check_range(kind: str, low: int, high: int) -> None:
+    if not 1 <= low <= high <= MAX_TOKENS:
+        raise ServesimError(f"a {kind} length range needs 1 <= low <= high <= {MAX_TOKENS:,}, not {low}-{high}")
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,8 @@ class Fixed:
     tokens: int
 
     def __post_init__(self) -> None:
-        if self.tokens < 1:
-            raise ServesimError(f"a fixed length must be at least 1 token, not {self.tokens}")
+        if not 1 <= self.tokens <= MAX_TOKENS:
+            raise ServesimError(f"a fixed length must be 1 to {MAX_TOKENS:,} tokens, not {self.tokens}")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.tokens, dtype=np.int64)
@@ -49,11 +58,15 @@ class Uniform:
     high: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.low <= self.high:
-            raise ServesimError(f"a uniform length range needs 1 <= low <= high, not {self.low}-{self.high}")
+        _check_range("uniform", self.low, self.high)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
+
+
+#: Lengths a Zipf range may span: its CDF is a table of one float per length (128 MiB at this size), which covers
+#: every context window of the presets many times over.
+_MAX_ZIPF_SPAN = 2**24
 
 
 @dataclass(frozen=True)
@@ -69,8 +82,10 @@ class Zipf:
     theta: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.low <= self.high:
-            raise ServesimError(f"a Zipf length range needs 1 <= low <= high, not {self.low}-{self.high}")
+        _check_range("Zipf", self.low, self.high)
+        if self.high - self.low >= _MAX_ZIPF_SPAN:
+            raise ServesimError(f"a Zipf length range spans at most {_MAX_ZIPF_SPAN:,} lengths (its CDF is tabulated), "
+                                f"not {self.low}-{self.high}")
         if not self.theta > 0:
             raise ServesimError(f"the Zipf exponent theta must be positive, not {self.theta}")
 
@@ -89,8 +104,9 @@ class LogNormal:
     cv: float
 
     def __post_init__(self) -> None:
-        if not (self.mean >= 1 and self.cv > 0):
-            raise ServesimError(f"a log-normal length needs mean >= 1 and cv > 0, not mean {self.mean}, cv {self.cv}")
+        if not (1 <= self.mean <= MAX_TOKENS and 0 < self.cv <= MAX_CV):
+            raise ServesimError(f"a log-normal length needs a mean of 1 to {MAX_TOKENS:,} tokens and a cv above 0 "
+                                f"and at most {MAX_CV:g}, not mean {self.mean}, cv {self.cv}")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         sigma = math.sqrt(math.log1p(self.cv**2))

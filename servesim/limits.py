@@ -1,0 +1,22 @@
+"""Bounds on what a user may ask for, each with its reason, so that an impossible request is refused with a message
+instead of overflowing an integer or exhausting memory."""
+
+from __future__ import annotations
+
+#: Token counts and tensor dimensions: vLLM's and SGLang's kernels and attention metadata index with 32-bit ints.
+MAX_TOKENS = 2**31 - 1
+
+#: The most tasks one kernel launch is decomposed into. Each task costs a few hundred bytes of arrays while it is
+#: scheduled, so this bounds a launch at about a gigabyte. Serving steps stay far below it: a 1M-token GEMM against a
+#: 57,344-wide weight is 1.75M tiles of 128x256. Every request of a step is at least one CTA of each row-wise kernel
+#: (RMSNorm, SiLU-and-mul), so this also bounds the requests of one step.
+MAX_TASKS_PER_LAUNCH = 2**22
+
+#: Requests to simulate or generate at once. A simulation keeps a few kilobytes per request in flight, so ten million
+#: would not fit the memory of a laptop; a million simulate in about a minute.
+MAX_REQUESTS = 1_000_000
+
+#: The largest coefficient of variation a synthetic gap or length distribution takes. Above it, a gamma's shape
+#: (1 / cv²) is under 0.01 and most gaps underflow to exactly 0, so a run's measured rate is off by orders of
+#: magnitude; and a log-normal whose std is ten times its mean already spreads lengths over five decades.
+MAX_CV = 10.0

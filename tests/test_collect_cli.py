@@ -191,3 +191,13 @@ def test_dry_run_lists_the_default_sweep_without_measuring(tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     shapes = json.loads(result.output)["shapes"]
     assert {"category": "gemm", "m": 16, "n": 6144, "k": 4096, "dtype": "bf16", "scaling": "none"} in shapes
+
+
+@pytest.mark.parametrize("bad,message", [
+    (("--warmup", "-1"), "--warmup >= 0"),
+    (("--gpu", "H999"), "--gpu: unknown GPU 'H999'"),
+    (("--time-budget-s", "0"), "--time-budget-s must be positive"),
+])
+def test_dry_run_checks_the_options_a_real_run_would_refuse(bad: tuple[str, str], message: str) -> None:
+    result = _invoke("--dry-run", "--category", "gemm", "--m", "1", "--n", "8", "--k", "8", *bad)
+    assert isinstance(result.exception, ServesimError) and message in str(result.exception)

@@ -122,6 +122,16 @@ def collect_group(ctx: click.Context, out: Path | None, device: str, gpu_name: s
     chosen = tuple(get_schema(c).name for c in dict.fromkeys(categories))
     sweeps = sweeps_from_options(chosen, {a: t for a, t in axes.items() if t is not None}, sweep_file, models, tps)
     shapes = plan_shapes(sweeps, max_shapes)
+    # Everything the command line says is checked before a dry run prints its plan, which is what it is for.
+    if flush_mib is not None and not flush_mib >= 0:
+        raise ServesimError(f"--flush-mib must be 0 or more, not {flush_mib:g}")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise ServesimError(f"--time-budget-s must be positive, not {time_budget_s:g}")
+    from servesim.data.collect.run import gpu_option
+    from servesim.data.collect.timing import TimingSettings
+
+    gpu = gpu_option(gpu_name) if gpu_name else None
+    timing = TimingSettings(warmup=warmup, repetitions=repetitions, method=timing_method, graph_launches=graph_launches)
     if dry_run:
         rows = []
         for category in dict.fromkeys(s.category for s in shapes):
@@ -135,18 +145,11 @@ def collect_group(ctx: click.Context, out: Path | None, device: str, gpu_name: s
         return
     if out is None:
         raise ServesimError("--out is required: the folder the CSVs and manifest.json are written to")
-    if flush_mib is not None and flush_mib < 0:
-        raise ServesimError(f"--flush-mib must be 0 or more, not {flush_mib:g}")
-    if time_budget_s is not None and time_budget_s <= 0:
-        raise ServesimError(f"--time-budget-s must be positive, not {time_budget_s:g}")
-    from servesim.data.collect.run import CollectRequest, collect, gpu_option
-    from servesim.data.collect.timing import TimingSettings
+    from servesim.data.collect.run import CollectRequest, collect
 
     request = CollectRequest(
-        out=out, device=device, gpu=gpu_option(gpu_name) if gpu_name else None, shapes=tuple(shapes),
-        sweeps=tuple(s.describe() for s in sweeps), implementations=impls,
-        timing=TimingSettings(warmup=warmup, repetitions=repetitions, method=timing_method,
-                              graph_launches=graph_launches),
+        out=out, device=device, gpu=gpu, shapes=tuple(shapes), sweeps=tuple(s.describe() for s in sweeps),
+        implementations=impls, timing=timing,
         flush_bytes=None if flush_mib is None else int(flush_mib * 2**20), time_budget_s=time_budget_s,
         record_launches=not no_launches, command=shlex.join(["servesim", *sys.argv[1:]]),
     )

@@ -24,6 +24,8 @@ def test_gpu_list_deduplicates_aliases_and_keeps_order():
     assert [s.name for s in specs] == ["H100-SXM"]
     with pytest.raises(ServesimError, match="no GPU given"):
         parse_gpu_list(" , ")
+    with pytest.raises(ServesimError, match="'all' already names every GPU"):
+        parse_gpu_list("all,H100")
 
 
 def test_price_file_overrides_and_rejects_bad_numbers(tmp_path):
@@ -34,6 +36,18 @@ def test_price_file_overrides_and_rejects_bad_numbers(tmp_path):
     bad.write_text("gpu,usd_per_gpu_hour\nH100,cheap\n")
     with pytest.raises(ServesimError, match="line 2"):
         load_prices(bad)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "needs the columns"),
+    ("gpu,usd_per_gpu_hour\n", "has no prices"),
+    ("name,price\nH100,2\n", "needs the columns"),
+])
+def test_price_file_without_prices_is_refused_not_ignored(tmp_path, text, message):
+    empty = tmp_path / "prices.csv"
+    empty.write_text(text)
+    with pytest.raises(ServesimError, match=message):
+        load_prices(empty)
 
 
 def test_unknown_model_suggests_presets():

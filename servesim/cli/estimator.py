@@ -34,9 +34,18 @@ def _data_options(func):
     return func
 
 
+def _known_categories(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...]):
+    """Each ``--category`` must have measured data (servesim's one-line error suggests the nearest name)."""
+    from servesim.estimator.datasets import category_source
+
+    for category in (value,) if isinstance(value, str) else value:
+        category_source(category)
+    return value
+
+
 def _category_option(multiple: bool):
     return click.option("--category", "categories" if multiple else "category", multiple=multiple,
-                        default=("gemm",) if multiple else "gemm", show_default=True,
+                        default=("gemm",) if multiple else "gemm", show_default=True, callback=_known_categories,
                         help="Kernel category with measured data: gemm, scaled_mm, attn_prefill, attn_decode, moe, "
                              "rmsnorm, silu_mul, rope" + (" (repeatable)." if multiple else "."))
 

@@ -485,7 +485,7 @@ SOURCES: dict[str, CategorySource] = {
 def read_rows(category: str, options: DataOptions = DataOptions()) -> pd.DataFrame:
     """The measured rows of ``category``, with our own collection's rows (``system`` = local) when
     ``options.extra_data`` is given."""
-    source = _source(category)
+    source = category_source(category)
     frame = source.read(options)
     if options.extra_data is None or source.collection is None:
         return frame
@@ -501,7 +501,7 @@ def prepare_frame(category: str, frame: pd.DataFrame) -> CategoryFrame:
     """The rows of a measured frame (loader columns) servesim models, ready for :func:`samples_from_frame`, and
     the counts of rows left out, by reason."""
     dropped: dict[str, int] = {}
-    frame = _source(category).prepare(frame, dropped)
+    frame = category_source(category).prepare(frame, dropped)
     frame = _drop(frame, frame["latency_us"] > 0, "no positive latency", dropped)
     return CategoryFrame(frame.reset_index(drop=True), MappingProxyType(dropped))
 
@@ -514,7 +514,7 @@ def category_frame(category: str, options: DataOptions = DataOptions()) -> Categ
 def samples_from_frame(category: str, frame: pd.DataFrame) -> KernelSamples:
     """Kernels, candidate estimator inputs (``inputs.candidate_inputs``, which the baselines read too) and measured
     times of a measured frame's rows (computed per GPU, batched)."""
-    source = _source(category)
+    source = category_source(category)
     frame = frame.reset_index(drop=True)
     kernels = source.to_kernels(frame)
     values = np.empty((len(frame), 0))
@@ -556,7 +556,8 @@ def load_samples(category: str, max_rows: int | None = None, seed: int = 0, gpus
     return samples_from_frame(category, sample_frame(category_frame(category, options).frame, max_rows, seed, gpus))
 
 
-def _source(category: str) -> CategorySource:
+def category_source(category: str) -> CategorySource:
+    """Where ``category``'s measurements come from; a one-line error naming the nearest category otherwise."""
     try:
         return SOURCES[category]
     except KeyError:

@@ -89,6 +89,8 @@ def parse_gpu_list(text: str) -> list[GpuSpec]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
         raise ServesimError("no GPU given: pass --gpus with a comma-separated list such as H100,H20, or 'all'")
+    if any(name.lower() == "all" for name in names):
+        raise ServesimError(f"--gpus {text!r}: 'all' already names every GPU; give it alone or list the GPUs")
     specs: dict[str, GpuSpec] = {}
     for name in names:
         spec = get_gpu(name)
@@ -101,12 +103,15 @@ def load_prices(path: str | Path) -> dict[str, tuple[float, str]]:
     prices: dict[str, tuple[float, str]] = {}
     try:
         with open(path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
+            reader = csv.DictReader(handle)
+            columns, rows = set(reader.fieldnames or ()), list(reader)
     except OSError as exc:
         raise ServesimError(f"cannot read price file {path}: {exc.strerror}") from None
+    if not {"gpu", "usd_per_gpu_hour"} <= columns:
+        raise ServesimError(f"price file {path} needs the columns gpu,usd_per_gpu_hour[,date]")
+    if not rows:
+        raise ServesimError(f"price file {path} has no prices; add a line per GPU under its header, e.g. H100,2.10")
     for line_no, row in enumerate(rows, start=2):
-        if "gpu" not in row or "usd_per_gpu_hour" not in row:
-            raise ServesimError(f"price file {path} needs the columns gpu,usd_per_gpu_hour[,date]")
         price = parse_price(row["usd_per_gpu_hour"], f"{path} line {line_no}")
         prices[get_gpu(row["gpu"]).name] = (price, (row.get("date") or str(date.today())).strip())
     return prices

@@ -16,6 +16,10 @@ MAX_TASKS_PER_LAUNCH = 2**22
 #: would not fit the memory of a laptop; a million simulate in about a minute.
 MAX_REQUESTS = 1_000_000
 
+#: Engine replicas one simulation runs, each with its own scheduler and KV-cache state (about 1.5 kB): far more
+#: than any deployment, and a billion would need terabytes.
+MAX_REPLICAS = 100_000
+
 #: The largest coefficient of variation a synthetic gap or length distribution takes. Above it, a gamma's shape
 #: (1 / cv²) is under 0.01 and most gaps underflow to exactly 0, so a run's measured rate is off by orders of
 #: magnitude; and a log-normal whose std is ten times its mean already spreads lengths over five decades.

@@ -287,6 +287,19 @@ def test_request_longer_than_the_context_is_refused(step_models):
         run(step_models, "vllm", workload)
 
 
+@pytest.mark.parametrize("command,args,message", [
+    ("simulate", ["--replicas", "1000000000"], "1<=x<=100000"),
+    ("latency", ["--batch-size", "10000000"], "1<=x<=1000000"),
+    ("latency", ["--max-num-batched-tokens", "512"], "max_num_batched_tokens (512) >= max_num_seqs (1024)"),
+])
+def test_runs_beyond_what_a_machine_or_the_engine_takes_are_refused_up_front(command, args, message):
+    from servesim.cli import main
+
+    result = CliRunner().invoke(main, [command, "--model", "llama3-8b", "--gpu", "H100", *args])
+    assert result.exit_code == 2, result.output
+    assert message in (result.output + str(result.exception))
+
+
 def test_step_log_keeps_launch_order_across_single_rows_and_fast_forwarded_blocks():
     log = StepLog()
     row = (0, 0.0, 1.0, 2, 9, 7, 2, 32)

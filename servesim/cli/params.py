@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from servesim.limits import MAX_REQUESTS, MAX_TOKENS
+from servesim.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_TOKENS
 
 #: numpy's generators take seeds in [0, 2**32).
 SEED = click.IntRange(0, 2**32 - 1)
@@ -18,6 +18,8 @@ SEED = click.IntRange(0, 2**32 - 1)
 DIMENSION = click.IntRange(1, MAX_TOKENS)
 #: Requests to simulate or generate.
 REQUEST_COUNT = click.IntRange(1, MAX_REQUESTS)
+#: Engine replicas to simulate.
+REPLICA_COUNT = click.IntRange(1, MAX_REPLICAS)
 
 
 class PositiveFinite(click.ParamType):
@@ -51,4 +53,4 @@ class OutputFile(click.Path):
         return path
 
 
-__all__ = ["DIMENSION", "POSITIVE_FINITE", "REQUEST_COUNT", "SEED", "OutputFile", "PositiveFinite"]
+__all__ = ["DIMENSION", "POSITIVE_FINITE", "REPLICA_COUNT", "REQUEST_COUNT", "SEED", "OutputFile", "PositiveFinite"]

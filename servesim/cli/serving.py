@@ -8,7 +8,7 @@ import math
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
-from servesim.cli.params import DIMENSION, POSITIVE_FINITE, REQUEST_COUNT, SEED, OutputFile
+from servesim.cli.params import DIMENSION, POSITIVE_FINITE, REPLICA_COUNT, REQUEST_COUNT, SEED, OutputFile
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -102,7 +102,7 @@ def _latency_rows(summary: dict) -> list[dict]:
 @click.option("--cv", type=POSITIVE_FINITE, default=1.0, show_default=True,
               help="Gap coefficient of variation of gamma arrivals (--arrival gamma; above 1 burstier than Poisson).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the workload and the random router.")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engine instances.")
+@click.option("--replicas", type=REPLICA_COUNT, default=1, show_default=True, help="Engine instances.")
 @click.option("--router", type=click.Choice(("round_robin", "least_outstanding", "random")), default="round_robin",
               show_default=True, help="How requests are spread over replicas.")
 @click.option("--goodput", "goodput_text", default=None, metavar="ttft_ms=MS,tpot_ms=MS,e2e_ms=MS",

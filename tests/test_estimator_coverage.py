@@ -6,8 +6,9 @@ from click.testing import CliRunner
 
 from servesim.cli import main
 from servesim.estimator import get_estimator
-from servesim.estimator.coverage import coverage, estimator_coverage
+from servesim.estimator.coverage import coverage, estimator_coverage, launched_by
 from servesim.hardware import get_gpu
+from servesim.models import get_model
 
 MEASURED = tuple(get_gpu(name) for name in ("A100", "H100", "H200", "L40S", "B200"))
 
@@ -63,3 +64,17 @@ def test_a_category_trained_on_fewer_gpus_is_judged_on_its_own():
     assert [o["quantity"] for o in payload["estimator_coverage"]["out_of_range"]] == ["DRAM bytes/SM/clock"]
     gemm = CliRunner().invoke(main, ["kernel", "gemm", "--gpu", "H200", "--m", "64", "--n", "4096", "--k", "4096"])
     assert gemm.exit_code == 0 and "not measured" not in gemm.output
+
+
+def test_a_measured_gpu_names_the_categories_it_launches_that_were_measured_elsewhere():
+    """An H200 plan's GEMMs and attention were measured on it, its RMSNorm, RoPE and SiLU-and-mul on the A100 and
+    H100 only; an MoE model launches no SiLU-and-mul kernel of its own (the fused MoE holds it), so none is named."""
+    h200, h100 = get_gpu("H200"), get_gpu("H100")
+    mlp = get_estimator("mlp")
+    dense = estimator_coverage(mlp, [h200, h100], "bf16", launched_by("vllm", get_model("llama3-8b"), "bf16"))
+    assert dense[0].measured and dense[0].extrapolated_categories == ("rmsnorm", "rope", "silu_mul")
+    assert dense[0].extrapolated_from == ("A100-SXM-80GB", "H100-SXM")
+    assert "H200: rmsnorm, rope, silu_mul kernels not measured on it" in dense[0].note()
+    assert dense[1].note() is None
+    moe = estimator_coverage(mlp, [h200], "bf16", launched_by("vllm", get_model("qwen3-30b-a3b"), "bf16"))
+    assert moe[0].extrapolated_categories == ("rmsnorm", "rope")

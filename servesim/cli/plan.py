@@ -85,7 +85,7 @@ def _quick_row(est) -> dict:
 
 def _quick(request, kernel_estimator, input_len: int, output_len: int, output_format: str) -> None:
     """The analytical estimate per GPU and layout (no traffic simulated)."""
-    from servesim.estimator.coverage import coverage_notes, estimator_coverage
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.planner.estimate import estimate_gpu
     from servesim.planner.plan import plan_options
 
@@ -99,7 +99,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     if len(misfits) == len(rows) and output_format == "table":
         reasons = "; ".join(f"{r['gpu']} {r['layout']}: {r['note']}" for r in misfits)
         raise ServesimError(f"{model.name} ({dtype}) does not fit: {reasons}")
-    coverages = estimator_coverage(kernel_estimator, request.gpus, dtype)
+    coverages = estimator_coverage(kernel_estimator, request.gpus, dtype, launched_by(request.engine, model, dtype))
     title = (
         f"{model.name} ({dtype}) with {request.engine}, {input_len} prompt + {output_len} output tokens per request "
         f"(quick estimate, no traffic simulated)\nestimator: {kernel_estimator.label}"
@@ -308,7 +308,7 @@ def _base_workload(source: str, num_requests: int | None, arrival: str | None, s
 
 def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str, address: str | None,
               jobs: int | None, plot_dir: Path | None, output_format: str) -> None:
-    from servesim.estimator.coverage import coverage_notes, estimator_coverage
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.planner.executor import make_executor
     from servesim.planner.plan import option_tasks, plan_payload, run_plan
 
@@ -327,7 +327,8 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
                             tasks=tasks)
     finally:
         executor.close()
-    coverages = estimator_coverage(kernel_estimator, request.gpus, request.dtype)
+    coverages = estimator_coverage(kernel_estimator, request.gpus, request.dtype,
+                                   launched_by(request.engine, request.model, request.dtype))
     payload = plan_payload(plan, kernel_estimator.label, coverages)
     if plot_dir is not None:
         from servesim.planner.plots import write_plots

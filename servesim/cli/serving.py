@@ -121,7 +121,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     servesim simulate --model llama3-8b --gpu H100 --workload splitwise-conv --qps 4 -n 2000
     servesim simulate --model llama3-70b --tp 4 --engine sglang --workload fixed:1024:256 --concurrency 16
     """
-    from servesim.estimator.coverage import coverage_notes, estimator_coverage
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
@@ -155,7 +155,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     ]
     if slos:
         notes.append(f"goodput {summary['goodput_req_per_s']:,.2f} req/s meeting {goodput_text}")
-    coverages = estimator_coverage(step_model.estimator, [gpu], dtype)
+    coverages = estimator_coverage(step_model.estimator, [gpu], dtype, launched_by(engine, model, dtype))
     notes += coverage_notes(coverages)
     emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=notes,
          json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages],
@@ -175,7 +175,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
     \b
     servesim latency --model llama3-8b --gpu H100 --batch-size 8 --input-len 32 --output-len 128
     """
-    from servesim.estimator.coverage import coverage_notes, estimator_coverage
+    from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.models.config import check_context
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
@@ -195,7 +195,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
                Column("steps", "steps", ",d"))
     title = (f"{model.name} on {par} {gpu.name}, {cfg.engine} {cfg.version}: batch {batch_size}, input {input_len}, "
              f"output {output_len}")
-    coverages = estimator_coverage(step_model.estimator, [gpu], dtype)
+    coverages = estimator_coverage(step_model.estimator, [gpu], dtype, launched_by(engine, model, dtype))
     emit([row], columns, output_format, title=title, notes=coverage_notes(coverages),
          json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages], **row})
 

@@ -11,13 +11,16 @@ so next to the numbers rather than leave the user to find out.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from servesim.errors import ServesimError
 from servesim.estimator.base import KernelEstimator
 from servesim.estimator.roofline import TENSOR_CATEGORIES
 from servesim.hardware.catalogue import get_gpu
 from servesim.hardware.spec import GpuSpec
+from servesim.kernels.expand import kernel_categories
 from servesim.kernels.types import Kernel
+from servesim.models.config import ModelConfig
 
 #: Where docs explain what extrapolated predictions are worth.
 ACCURACY_DOC = 'docs/accuracy.md, "Retraining and GPUs nobody measured"'
@@ -49,11 +52,17 @@ class Coverage:
     measured: bool
     trained_gpus: tuple[str, ...]
     out_of_range: tuple[OutOfRange, ...]
+    #: On a measured GPU, the categories it launches whose networks learned from other GPUs only, and those GPUs.
+    extrapolated_categories: tuple[str, ...] = ()
+    extrapolated_from: tuple[str, ...] = ()
 
     def note(self) -> str | None:
-        """One line for command output, or None for a GPU whose kernels were measured."""
+        """One line for command output, or None for a GPU whose kernels were all measured."""
         if self.measured:
-            return None
+            if not self.extrapolated_categories:
+                return None
+            return (f"{self.gpu}: {', '.join(self.extrapolated_categories)} kernels not measured on it; their times "
+                    f"extrapolated from {', '.join(self.extrapolated_from)}")
         head = f"{self.gpu}: not measured; kernel times extrapolated from {len(self.trained_gpus)} measured GPUs"
         if not self.out_of_range:
             return f"{head}, every figure checked within their range"
@@ -62,7 +71,9 @@ class Coverage:
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "measured": self.measured, "trained_gpus": list(self.trained_gpus),
-                "out_of_range": [asdict(o) for o in self.out_of_range]}
+                "out_of_range": [asdict(o) for o in self.out_of_range],
+                "extrapolated_categories": list(self.extrapolated_categories),
+                "extrapolated_from": list(self.extrapolated_from)}
 
 
 def tensor_dtype(weights_dtype: str) -> str:
@@ -107,14 +118,37 @@ def _trained_specs(estimator: KernelEstimator, category: str | None = None) -> t
     return tuple(get_gpu(name) for name in estimator.trained_gpus(category))
 
 
-def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec],
-                       weights_dtype: str) -> tuple[Coverage, ...]:
+def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec], weights_dtype: str,
+                       launched: Callable[[GpuSpec], Iterable[str]] = lambda gpu: ()) -> tuple[Coverage, ...]:
     """:func:`coverage` of each of ``gpus`` on what ``estimator`` learned from; empty for an analytical estimator,
-    whose predictions stand on no measurement."""
+    whose predictions stand on no measurement. A measured GPU also names the categories it ``launched`` whose
+    networks never saw it (the element-wise networks learned from the A100 and H100 alone)."""
     trained = _trained_specs(estimator)
     if not trained:
         return ()
-    return tuple(coverage(gpu, trained, weights_dtype) for gpu in dict.fromkeys(gpus))
+    result = []
+    for gpu in dict.fromkeys(gpus):
+        covered = coverage(gpu, trained, weights_dtype)
+        if covered.measured:
+            by_category = {c: estimator.trained_gpus(c) for c in sorted(launched(gpu))}
+            missing = {c: names for c, names in by_category.items() if names and gpu.name not in names}
+            covered = replace(covered, extrapolated_categories=tuple(missing),
+                              extrapolated_from=tuple(sorted({n for names in missing.values() for n in names})))
+        result.append(covered)
+    return tuple(result)
+
+
+def launched_by(engine: str, model: ModelConfig, weights_dtype: str) -> Callable[[GpuSpec], frozenset[str]]:
+    """For :func:`estimator_coverage`: the kernel categories a GPU launches serving ``model``; none on a GPU that
+    cannot run it (FP8 weights on an A100), which the command reports on its own."""
+
+    def launched(gpu: GpuSpec) -> frozenset[str]:
+        try:
+            return kernel_categories(engine, model, gpu, weights_dtype)
+        except ServesimError:
+            return frozenset()
+
+    return launched
 
 
 def coverage_notes(coverages: Iterable[Coverage]) -> list[str]:

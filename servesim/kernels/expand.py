@@ -14,7 +14,7 @@ from typing import Union
 
 from servesim.errors import ServesimError
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.batch import BatchSpec
+from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.engines import EngineConfig, GpuTraits, GraphPlan, get_engine, gpu_traits
 from servesim.kernels.types import (
     AddRMSNorm,
@@ -409,6 +409,13 @@ def expand(
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
+
+
+def kernel_categories(engine: str, model: ModelConfig, gpu: GpuSpec, dtype: str = "bf16") -> frozenset[str]:
+    """The kernel categories ``engine`` launches serving ``model`` on ``gpu``: a step with a prefill chunk and a
+    decode on one GPU launches every kind (layouts change shapes and collectives, not kinds)."""
+    step = expand(engine, model, gpu, BatchSpec((PrefillChunk(2),), (1,)), dtype=dtype)
+    return frozenset(s.op.category for s in step.kernels)
 
 
 def activation_dtype(weights: str) -> str:

@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from servesim.decompose.launch import (
-    ROUND_ROBIN,
-    Launch,
-    LaunchConfig,
-    check_task_count,
-    pipe_rate_vector,
-    task_set,
-)
+from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, check_task_count, pipe_rate_vector, task_set
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import (
     AddRMSNorm,

@@ -87,9 +87,11 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     """The analytical estimate per GPU and layout (no traffic simulated)."""
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.planner.estimate import estimate_gpu
+    from servesim.models.config import check_context
     from servesim.planner.plan import plan_options
 
     model, dtype = request.model, request.dtype
+    check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     rows = [
         _quick_row(estimate_gpu(model, gpu, par, request.engine_config(gpu, par), kernel_estimator, input_len,
                                 output_len, dtype))
@@ -286,7 +288,6 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
         gpu_budget=gpu_budget,
     )
     if quick:
-        check_context(model, (input_len or 1024) + (output_len or 256), fix="lower --input-len/--output-len")
         _quick(request, kernel_estimator, input_len or 1024, output_len or 256, output_format)
         return
     check_context(model, request.workload.prompt_tokens + request.workload.output_tokens)

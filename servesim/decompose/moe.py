@@ -42,8 +42,7 @@ def real_block_rows(kernel: FusedMoE, block_m: int) -> np.ndarray:
     per_expert = -(-counts // block_m)
     owner = np.repeat(np.arange(len(counts)), per_expert)
     first = np.cumsum(per_expert) - per_expert
-    rows = np.minimum(block_m, counts[owner] - (np.arange(int(per_expert.sum())) - first[owner]) * block_m)
-    return rows
+    return np.minimum(block_m, counts[owner] - (np.arange(int(per_expert.sum())) - first[owner]) * block_m)
 
 
 def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str, int], name: str) -> Launch:

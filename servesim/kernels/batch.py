@@ -101,12 +101,12 @@ def parse_batch(text: str) -> BatchSpec:
         if match is None:
             raise ServesimError(f"cannot read batch item {raw.strip()!r}. {BATCH_SYNTAX_HELP}")
         kind, count, length, cached = match.groups()
-        repeat = int(count) if count else 1
+        repeat, tokens, cached_tokens = int(count or 1), int(length), int(cached or 0)
         if repeat < 1:
             raise ServesimError(f"batch item {raw.strip()!r} repeats 0 times; write COUNTx with COUNT >= 1")
         if len(prefills) + len(decodes) + repeat > MAX_TASKS_PER_LAUNCH:  # refused before the tuple is built
             raise ServesimError(f"the batch holds more than {MAX_TASKS_PER_LAUNCH:,} requests; give fewer")
-        if max(int(length), int(cached or 0)) > MAX_TOKENS:
+        if max(tokens, cached_tokens) > MAX_TOKENS:
             raise ServesimError(f"batch item {raw.strip()!r}: token counts go up to {MAX_TOKENS:,}")
         if kind == "decode":
             if cached is not None:
@@ -114,10 +114,10 @@ def parse_batch(text: str) -> BatchSpec:
                     f"batch item {raw.strip()!r}: a decode takes one CONTEXT length, not NEW+CACHED; "
                     f"write e.g. 'decode:{length}'"
                 )
-            if int(length) < 1:
+            if tokens < 1:
                 raise ServesimError(f"batch item {raw.strip()!r}: a decoding request has at least its 1 prompt "
                                     "token cached; write 'decode:CONTEXT' with CONTEXT >= 1")
-            decodes.extend([int(length)] * repeat)
+            decodes.extend([tokens] * repeat)
         else:
-            prefills.extend([PrefillChunk(int(length), int(cached or 0))] * repeat)
+            prefills.extend([PrefillChunk(tokens, cached_tokens)] * repeat)
     return BatchSpec(prefills=tuple(prefills), decodes=tuple(decodes))

@@ -220,11 +220,8 @@ SCALED_MM_LIBRARY_OF_SOURCE: Mapping[str, str] = MappingProxyType({
 })
 
 
-def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
-    """aiconfigurator's FP8 rows time the engine's linear layer: dynamic activation quantisation, then the scaled
-    MM. The step model has the quantisation as its own ``Quantize`` kernel, timed by the roofline, so their
-    scaled-MM target is the measured time less that roofline time; rows where nothing is left are dropped. Our
-    collections time the scaled MM alone."""
+def _fp8_linears(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    """The FP8 rows of modelled linear layers, each with the ScaledMM library that ran it."""
     frame = _drop(frame, frame["dtype"].astype(str) == "fp8", "not FP8", dropped)
     frame = _drop(frame, ~_sources(frame).isin(_HOST_BOUND_FP8_SOURCES),
                   "vLLM block-scaled FP8 linears (flat in m, several times SGLang's DeepGEMM: host-bound)",
@@ -234,9 +231,31 @@ def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataF
     if unknown:
         raise ServesimError(f"unknown FP8 kernel source(s) {', '.join(unknown)}; map them in "
                             "servesim.estimator.datasets.SCALED_MM_LIBRARY_OF_SOURCE")
-    frame = frame.assign(library=np.where(local, "cublaslt", _sources(frame).map(SCALED_MM_LIBRARY_OF_SOURCE)))
-    quant_us = np.where(local, 0.0, _fallback_us(frame, _quantize_kernels(frame)))
-    frame = frame.assign(latency_us=frame["latency_us"] - quant_us)
+    return frame.assign(library=np.where(local, "cublaslt", _sources(frame).map(SCALED_MM_LIBRARY_OF_SOURCE)))
+
+
+def fp8_linear_rows(options: DataOptions = DataOptions()) -> pd.DataFrame:
+    """aiconfigurator's FP8 rows of the linear layers the scaled-MM category models, with their measured time of
+    the whole layer (activation quantisation included; the scaled-MM category's own target takes it off)."""
+    return _fp8_linears(_read_fp8_gemm(options), {})
+
+
+def quantize_us(frame: pd.DataFrame) -> np.ndarray:
+    """The step model's time of the activation quantisation each aiconfigurator FP8 row also timed; 0 for rows of
+    our own collections, which time the scaled MM alone."""
+    local = _local(frame)
+    out = np.zeros(len(frame))
+    out[~local] = _fallback_us(frame[~local], _quantize_kernels(frame[~local]))
+    return out
+
+
+def _prepare_scaled_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    """aiconfigurator's FP8 rows time the engine's linear layer: dynamic activation quantisation, then the scaled
+    MM. The step model has the quantisation as its own ``Quantize`` kernel, timed by the roofline, so their
+    scaled-MM target is the measured time less that roofline time (:func:`quantize_us`); rows where nothing is
+    left are dropped. Our collections time the scaled MM alone."""
+    frame = _fp8_linears(frame, dropped)
+    frame = frame.assign(latency_us=frame["latency_us"] - quantize_us(frame))
     return _drop(frame, frame["latency_us"] > 0, "measured time not above the Quantize kernel's roofline time",
                  dropped)
 

@@ -8,7 +8,7 @@ from servesim.decompose.attention import fa2_num_splits, fa3_num_splits, flashin
 from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
 from servesim.kernels.types import (
-    AttentionDecode, AttentionPrefill, FusedMoE, Gemm, RMSNorm, Rope, ScaledMM, SiluMul,
+    AttentionDecode, AttentionPrefill, FusedMoE, Gemm, Quantize, RMSNorm, Rope, ScaledMM, SiluMul,
 )
 
 H100, A100, H20 = get_gpu("H100-SXM"), get_gpu("A100-SXM-80GB"), get_gpu("H20")
@@ -178,6 +178,23 @@ def test_rowwise_grids_follow_vllm_sources():
     assert rope.tasks.size == 7 and rope.config.threads_per_cta == 512
     (silu,) = decompose(SiluMul(tokens=5, dim=14336), H100)
     assert silu.tasks.demand["fma"].sum() == pytest.approx(SiluMul(tokens=5, dim=14336).flops())
+
+
+def test_per_tensor_quantisation_reads_its_input_twice_in_each_engines_grid():
+    """A per-tensor scale needs the abs-max before the conversion: two launches, each reading the activations; vLLM
+    launches a CTA per token, SGLang at most 1,024 grid-stride CTAs. A per-group scale is one pass."""
+    vllm = Quantize(rows=4096, cols=8192)
+    sglang = Quantize(rows=4096, cols=8192, engine="sglang")
+    for kernel, ctas in ((vllm, 4096), (sglang, 1024)):
+        absmax, convert = decompose(kernel, H100)
+        assert absmax.grid_ctas == convert.grid_ctas == ctas
+        assert absmax.tasks.demand["dram"].sum() == pytest.approx(4096 * 8192 * 2)
+        assert convert.tasks.demand["dram"].sum() == pytest.approx(4096 * 8192 * 3 + 4)
+    (group,) = decompose(Quantize(rows=4096, cols=8192, group=128), H100)
+    assert group.tasks.demand["dram"].sum() == pytest.approx(Quantize(rows=4096, cols=8192, group=128).bytes_moved())
+    assert Quantize(rows=4096, cols=8192, group=128).bytes_moved() < vllm.bytes_moved() == sglang.bytes_moved()
+    with pytest.raises(ValueError, match="unknown engine"):
+        Quantize(rows=1, cols=1, engine="trtllm")
 
 
 def test_occupancy_worked_examples():

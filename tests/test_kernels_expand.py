@@ -222,6 +222,8 @@ def test_fp8_quantises_every_linear_but_router_and_lm_head(dtype, scale):
     mms = [k for k in layer if isinstance(k, ScaledMM)]
     assert [k.name for k in mms] == ["qkv_proj", "o_proj"] and {k.scale for k in mms} == {scale}
     assert [k.name for k in layer if k.category == "quant"] == ["qkv_proj.quant", "o_proj.quant"]
+    assert {k.engine for k in expand("sglang", QWEN_MOE, H100, BIG_PREFILL, tp=2, dtype=dtype).layer_ops(2)
+            if k.category == "quant"} == {"sglang"}
     assert [k.name for k in layer if isinstance(k, Gemm)] == ["gate"]
     assert _by_name(layer)["experts"].dtype == "fp8"
     assert _matmul_flops(fp8) == pytest.approx(_matmul_flops(bf16), rel=1e-12)

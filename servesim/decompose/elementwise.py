@@ -19,6 +19,7 @@ from servesim.kernels.types import (
     RouterTopK,
     Sampling,
     SiluMul,
+    dtype_bytes,
 )
 
 _REGISTERS = 32  # element-wise kernels stay far below any register limit (surrogate)
@@ -43,9 +44,10 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
         threads = min(kernel.num_kv_heads * kernel.head_dim, 512)
         return kernel.tokens, threads, 0.0, 0.0, "vLLM cache_kernels.cu"
     if isinstance(kernel, Quantize):
-        # csrc/quantization/fp8/common.cu dynamic_per_token_scaled_fp8_quant: grid(num_tokens), block(min(h, 1024)).
-        threads = min(kernel.cols, 1024)
-        return kernel.rows, threads, 0.0, 2 * 4 * -(-threads // 32), "vLLM fp8/common.cu"
+        # Per-group scales, one pass: vLLM per_token_group_quant.cu and sgl-kernel per_token_group_quant_8bit,
+        # grid(num_tokens x groups / 16) of 16 groups x 16 threads.
+        ctas = -(-kernel.rows * -(-kernel.cols // kernel.group) // 16)
+        return ctas, 256, 0.0, 0.0, f"{kernel.engine} per_token_group_quant"
     if isinstance(kernel, Embedding):
         # PyTorch aten/src/ATen/native/cuda/Indexing.cu indexSelectLargeIndex: grid min(ceil(n / 128), 8 x SMs),
         # block min(n, 128) over the n = tokens x hidden gathered elements (grid-stride loop).
@@ -61,19 +63,46 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
     raise TypeError(f"no row-parallel decomposition for {type(kernel).__name__}")
 
 
-def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
-    ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
+def _launch(kernel: Kernel, gpu: GpuSpec, ctas: int, threads: int, flops: float, xu_per_cta: float,
+            bytes_moved: float, smem_per_cta: float, source: str) -> Launch:
+    """One row-parallel launch of ``ctas`` uniform CTAs sharing ``flops`` and ``bytes_moved`` evenly."""
     ctas = max(ctas, 1)
     check_task_count(kernel, ctas)
-    rates = pipe_rate_vector(gpu, "")
-    bytes_per_cta = kernel.bytes_moved() / ctas
+    bytes_per_cta = bytes_moved / ctas
     demand = {
-        "fma": np.full(ctas, kernel.flops() / ctas),
-        "xu": np.full(ctas, xu_per_cta if not isinstance(kernel, Embedding) else 0.0),
+        "fma": np.full(ctas, flops / ctas),
+        "xu": np.full(ctas, xu_per_cta),
         "dram": np.full(ctas, bytes_per_cta),
         "l2": np.full(ctas, bytes_per_cta),
         "smem": np.full(ctas, smem_per_cta),
     }
-    tasks = task_set(("cta",), (np.arange(ctas),), demand, rates)
+    tasks = task_set(("cta",), (np.arange(ctas),), demand, pipe_rate_vector(gpu, ""))
     config = LaunchConfig(max(threads, 1), _REGISTERS, int(smem_per_cta))
-    return (Launch(f"{kernel.category} ({source})", config, tasks, ROUND_ROBIN, ctas, "", (f"grid {ctas} x {threads} threads",)),)
+    return Launch(f"{kernel.category} ({source})", config, tasks, ROUND_ROBIN, ctas, "",
+                  (f"grid {ctas} x {threads} threads",))
+
+
+def _per_tensor_quantize(kernel: Quantize, gpu: GpuSpec) -> tuple[Launch, ...]:
+    """A per-tensor scale's two launches, abs-max then conversion, each reading the input once.
+
+    vLLM (csrc/quantization/w8a8/fp8/common.cu dynamic_scaled_fp8_quant): grid(num_tokens) x 256 threads for both,
+    the abs-max kernel with one atomicMax per CTA on the one scale. SGLang (sgl-kernel per_tensor_quant_fp8.cu):
+    grid min(ceil(elements / 256), 1024) x 256 for both, vectorised grid-stride loops."""
+    elems = kernel.rows * kernel.cols
+    read = elems * dtype_bytes(kernel.in_dtype)
+    ctas = kernel.rows if kernel.engine == "vllm" else min(-(-elems // 256), 1024)
+    smem = 4.0 * 256
+    source = "vLLM fp8/common.cu" if kernel.engine == "vllm" else "sgl-kernel per_tensor_quant_fp8.cu"
+    return (
+        _launch(kernel, gpu, ctas, 256, float(elems), 0.0, read, smem, f"{source} abs-max"),
+        _launch(kernel, gpu, ctas, 256, 2.0 * elems, 0.0, kernel.bytes_moved() - read, 0.0, f"{source} convert"),
+    )
+
+
+def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
+    if isinstance(kernel, Quantize) and kernel.group == 0:
+        return _per_tensor_quantize(kernel, gpu)
+    ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
+    xu_per_cta = 0.0 if isinstance(kernel, Embedding) else xu_per_cta
+    return (_launch(kernel, gpu, ctas, threads, kernel.flops(), xu_per_cta, kernel.bytes_moved(), smem_per_cta,
+                    source),)

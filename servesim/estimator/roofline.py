@@ -3,6 +3,9 @@
 It is the analytical floor every learned model is compared with: it ignores tile quantisation, wave tails,
 occupancy and caches, so it is optimistic for small and irregular kernels. Tensor-core kernels (GEMMs,
 attention, fused MoE) use the Tensor pipe at their dtype; everything else the FP32 FMA pipe.
+
+It is also the time of the categories no network learns, and one of them waits on something no peak describes:
+vLLM's per-tensor FP8 quantisation (:func:`vllm_quant_stall_us`), whose stall is added to its peak time.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.types import Kernel
+from servesim.kernels.types import Kernel, Quantize, dtype_bytes
 
 #: Categories whose arithmetic runs on the Tensor cores.
 TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe"})
@@ -21,6 +24,37 @@ TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode
 #: of the grid, one wave of CTAs and its drain. Vidur's smallest measured element-wise ops on A100/H100 take
 #: 2 to 4 µs (servesim/data/vidur.py reads them).
 MIN_KERNEL_US = 2.0
+
+
+#: Cycles a resident thread of vLLM's abs-max kernel waits for each of its unvectorised loads, and cycles the
+#: L2 takes per atomicMax on the one scale, one per CTA. Fitted on the H100, B200 and GB200 rows, no test GPU's
+#: (``python scripts/fit_quant_stall.py``; docs/estimator.md, "vLLM's per-tensor quantisation").
+SCALAR_LOAD_LATENCY_CYCLES = 458.0
+SAME_ADDRESS_ATOMIC_CYCLES = 7.7
+
+
+def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, in_bytes: float, gpu: GpuSpec,
+                        load_latency_cycles: float = SCALAR_LOAD_LATENCY_CYCLES,
+                        atomic_cycles: float = SAME_ADDRESS_ATOMIC_CYCLES) -> np.ndarray | float:
+    """Time vLLM's per-tensor quantisation of ``rows`` x ``cols`` spends beyond its DRAM traffic.
+
+    Its abs-max kernel (``segmented_max_reduction_strided``: a CTA of 256 threads per row) loads one element per
+    thread at a time, so each SM has one load per resident thread in flight and reads ``threads / latency``
+    elements a cycle, below the DRAM rate on every GPU with HBM (Little's law); then every CTA updates the one
+    scale with an atomicMax, which the L2 serialises."""
+    elems = np.asarray(rows, dtype=float) * np.asarray(cols, dtype=float)
+    resident_threads = gpu.sm_count * min(gpu.max_threads_per_sm, gpu.max_ctas_per_sm * 256)
+    latency_bound_us = elems * load_latency_cycles / resident_threads / gpu.clock_hz() * 1e6
+    bandwidth_us = elems * in_bytes / (gpu.dram_bandwidth_gbps * 1e3)
+    atomics_us = np.asarray(rows, dtype=float) * atomic_cycles / gpu.clock_hz() * 1e6
+    return np.maximum(latency_bound_us - bandwidth_us, 0.0) + atomics_us
+
+
+def stall_us(kernel: Kernel, gpu: GpuSpec) -> float:
+    """Time ``kernel`` waits beyond its peak compute and DRAM times (see :func:`vllm_quant_stall_us`)."""
+    if isinstance(kernel, Quantize) and kernel.group == 0 and kernel.engine == "vllm":
+        return float(vllm_quant_stall_us(kernel.rows, kernel.cols, dtype_bytes(kernel.in_dtype), gpu))
+    return 0.0
 
 
 def pipe_peak_flops(kernel: Kernel, gpu: GpuSpec) -> float:
@@ -44,4 +78,5 @@ class RooflineEstimator:
         peaks = np.fromiter((pipe_peak_flops(k, gpu) for k in kernels), dtype=float, count=len(kernels))
         compute_us = flops / peaks * 1e6
         memory_us = bytes_moved / (gpu.dram_bandwidth_gbps * 1e9) * 1e6
-        return np.maximum(np.maximum(compute_us, memory_us), MIN_KERNEL_US)
+        stalls_us = np.fromiter((stall_us(k, gpu) for k in kernels), dtype=float, count=len(kernels))
+        return np.maximum(np.maximum(compute_us, memory_us) + stalls_us, MIN_KERNEL_US)

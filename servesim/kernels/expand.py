@@ -195,7 +195,8 @@ class _Ctx:
         if self.weights in ("bf16", "fp16"):
             return [Gemm(m=self.tokens, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
         block = self.weights == "fp8-block"
-        quant = Quantize(rows=self.tokens, cols=k, group=128 if block else 0, in_dtype=self.act, name=f"{name}.quant")
+        quant = Quantize(rows=self.tokens, cols=k, group=128 if block else 0, in_dtype=self.act,
+                         engine=self.engine.name, name=f"{name}.quant")
         mm = ScaledMM(
             m=self.tokens, n=n, k=k, scale="block" if block else "tensor", bias=bias, out_dtype=self.act,
             library="" if block else self.engine.fp8_tensor_library, name=name,

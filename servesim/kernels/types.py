@@ -143,10 +143,18 @@ class ScaledMM(Kernel):
         return f"m={self.m} n={self.n} k={self.k} scale={scale} {self.library}" + (" +bias" if self.bias else "")
 
 
+#: Engines whose dynamic FP8 quantisation kernels :class:`Quantize` models.
+QUANTIZE_ENGINES = ("vllm", "sglang")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Quantize(Kernel):
     """Dynamic FP8 quantisation of activations ahead of a :class:`ScaledMM`: ``rows`` x ``cols`` from ``in_dtype``
-    to fp8, one scale per tensor (``group=0``) or per ``group`` columns of each row."""
+    to fp8, one scale per tensor (``group=0``) or per ``group`` columns of each row, by ``engine``'s kernels.
+
+    A per-tensor scale needs the whole tensor's abs-max before any element is converted, so both engines read the
+    input twice: an abs-max kernel, then the conversion (vLLM ``dynamic_scaled_fp8_quant``, SGLang
+    ``sgl_per_tensor_quant_fp8``). A per-group scale is one pass (``per_token_group_quant``)."""
 
     category: ClassVar[str] = "quant"
     dtype: str = "fp8"
@@ -154,6 +162,16 @@ class Quantize(Kernel):
     cols: int
     group: int = 0
     in_dtype: str = "bf16"
+    engine: str = "vllm"
+
+    def __post_init__(self) -> None:
+        if self.engine not in QUANTIZE_ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose one of {', '.join(QUANTIZE_ENGINES)}")
+
+    @property
+    def input_reads(self) -> int:
+        """How many times the kernels read the input: twice for a per-tensor scale (abs-max, then convert)."""
+        return 2 if self.group == 0 else 1
 
     def flops(self) -> float:
         return 3.0 * self.rows * self.cols  # abs-max, scale, convert
@@ -161,10 +179,11 @@ class Quantize(Kernel):
     def bytes_moved(self) -> float:
         scales = 1 if self.group == 0 else self.rows * -(-self.cols // self.group)
         elems = self.rows * self.cols
-        return elems * (dtype_bytes(self.in_dtype) + dtype_bytes(self.dtype)) + 4 * scales
+        return elems * (self.input_reads * dtype_bytes(self.in_dtype) + dtype_bytes(self.dtype)) + 4 * scales
 
     def shape(self) -> str:
-        return f"{self.rows}x{self.cols} " + ("per-tensor" if self.group == 0 else f"group={self.group}")
+        return f"{self.rows}x{self.cols} " + ("per-tensor" if self.group == 0 else f"group={self.group}") \
+            + f" {self.engine}"
 
 
 def _attended_pairs(query_len: int, kv_len: int, causal: bool) -> int:

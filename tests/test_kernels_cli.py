@@ -52,6 +52,12 @@ def test_bad_input_is_a_one_line_error(extra, message):
     assert message in str(result.exception) and "\n" not in str(result.exception)
 
 
+@pytest.mark.parametrize("option", ["--tp", "--pp"])
+def test_parallel_sizes_are_checked_as_the_command_line_is_parsed(option):
+    result = CliRunner().invoke(kernels_command, [*ARGS, option, "0"])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+
+
 def test_json_and_csv_together_are_refused_not_resolved_by_order():
     result = CliRunner().invoke(kernels_command, [*ARGS, "--json", "--csv"])
     assert result.exit_code == 2 and "--json and --csv are alternatives" in result.output

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
+from servesim.cli.params import DIMENSION
 from servesim.kernels.batch import BATCH_SYNTAX_HELP
 
 COLUMNS = (
@@ -61,8 +62,8 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 @click.option("--model", "model_ref", required=True, help="Preset name, config.json path or Hugging Face hub id.")
 @click.option("--engine", default="vllm", show_default=True, help="Serving engine: vllm (V1, 0.11) or sglang (0.5).")
 @click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'.")
-@click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size.")
-@click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel size.")
+@click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size.")
+@click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline-parallel size.")
 @click.option("--stage", default=0, show_default=True, type=int, help="Pipeline stage to show (0-based).")
 @click.option("--dtype", default="bf16", show_default=True,
               help="Weights: bf16, fp16, fp8 (W8A8 per-tensor) or fp8-block (W8A8, 128x128 blocks).")

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table, to_csv, to_json
-from servesim.cli.params import OutputFile
+from servesim.cli.params import DIMENSION, OutputFile
 from servesim.errors import ServesimError
 
 _ERROR_COLUMNS = (
@@ -221,8 +221,8 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 @click.option("--gpu", default=None, help="GPU from 'servesim gpus' [default: the file's metadata].")
 @click.option("--engine", type=click.Choice(("vllm", "sglang")), default=None,
               help="Engine that served the runs [default: the file's metadata].")
-@click.option("--tp", type=click.IntRange(min=1), default=None, help="Tensor-parallel size [default: 1].")
-@click.option("--pp", type=click.IntRange(min=1), default=None, help="Pipeline stages [default: 1].")
+@click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel size [default: 1].")
+@click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: 1].")
 @click.option("--dtype", default=None, help="Weights: bf16, fp8 or fp8-block [default: bf16].")
 @estimator_option
 @output_format_options

@@ -1,11 +1,12 @@
 """Fit the two constants of vLLM's per-tensor quantisation stall (servesim.estimator.roofline.vllm_quant_stall_us).
 
-aiconfigurator times each engine's whole per-tensor FP8 linear layer. vLLM's and SGLang's read and write the same
-bytes (two reads of the activations, one FP8 write, then a CUTLASS-based scaled MM), so for the same shape on the
-same GPU the difference of their times, for m >= 1,024 where the quantisation is a large share, is vLLM's stall:
-its unvectorised abs-max loads and its per-row atomics. The fit uses the H100, B200 and GB200 only (the GPUs
-design choices are checked on, none of the five test GPUs of docs/accuracy.md); the other GPUs are fitted alone
-for comparison.
+aiconfigurator times each engine's whole FP8 linear layer with per-tensor weight scales: vLLM's quantises the
+activations with one scale for the tensor (abs-max kernel, then conversion: two reads of the activations), SGLang's
+with one scale per token (one kernel, one read); both then run a CUTLASS-based scaled MM. For the same shape on the
+same GPU, the difference of their times, for m >= 1,024 where the quantisation is a large share, is vLLM's extra
+read and its stall: its unvectorised abs-max loads and its per-row atomics. The fit uses the H100, B200 and GB200
+only (the GPUs design choices are checked on, none of the five test GPUs of docs/accuracy.md); the other GPUs are
+fitted alone for comparison.
 
     python scripts/fit_quant_stall.py
 """
@@ -41,8 +42,10 @@ def fit(frame: pd.DataFrame) -> tuple[float, float]:
     scale = np.concatenate([p["vllm"].to_numpy() for _, p in parts])
 
     def residuals(params: np.ndarray) -> np.ndarray:
-        model = np.concatenate([vllm_quant_stall_us(p["m"].to_numpy(), p["k"].to_numpy(), 2.0, gpu, *params)
-                                for gpu, p in parts])
+        model = np.concatenate([
+            vllm_quant_stall_us(p["m"].to_numpy(), p["k"].to_numpy(), 2.0, gpu, *params)
+            + (p["m"] * p["k"]).to_numpy() * 2.0 / (gpu.dram_bandwidth_gbps * 1e3)  # vLLM's second read
+            for gpu, p in parts])
         return (model - measured) / scale
 
     result = least_squares(residuals, x0=[600.0, 10.0], bounds=([0.0, 0.0], [5000.0, 200.0]))

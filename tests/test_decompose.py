@@ -180,19 +180,26 @@ def test_rowwise_grids_follow_vllm_sources():
     assert silu.tasks.demand["fma"].sum() == pytest.approx(SiluMul(tokens=5, dim=14336).flops())
 
 
-def test_per_tensor_quantisation_reads_its_input_twice_in_each_engines_grid():
-    """A per-tensor scale needs the abs-max before the conversion: two launches, each reading the activations; vLLM
-    launches a CTA per token, SGLang at most 1,024 grid-stride CTAs. A per-group scale is one pass."""
+def test_fp8_activation_quantisation_follows_each_engines_kernels():
+    """vLLM's per-tensor scale needs the abs-max before the conversion: two launches of a CTA per token, each reading
+    the activations. SGLang scales per token: one launch, a warp per token once there are 16 tokens per SM. A
+    per-group scale is one pass."""
     vllm = Quantize(rows=4096, cols=8192)
+    absmax, convert = decompose(vllm, H100)
+    assert absmax.grid_ctas == convert.grid_ctas == 4096
+    assert absmax.tasks.demand["dram"].sum() == pytest.approx(4096 * 8192 * 2)
+    assert convert.tasks.demand["dram"].sum() == pytest.approx(4096 * 8192 * 3 + 4)
     sglang = Quantize(rows=4096, cols=8192, engine="sglang")
-    for kernel, ctas in ((vllm, 4096), (sglang, 1024)):
-        absmax, convert = decompose(kernel, H100)
-        assert absmax.grid_ctas == convert.grid_ctas == ctas
-        assert absmax.tasks.demand["dram"].sum() == pytest.approx(4096 * 8192 * 2)
-        assert convert.tasks.demand["dram"].sum() == pytest.approx(4096 * 8192 * 3 + 4)
-    (group,) = decompose(Quantize(rows=4096, cols=8192, group=128), H100)
-    assert group.tasks.demand["dram"].sum() == pytest.approx(Quantize(rows=4096, cols=8192, group=128).bytes_moved())
-    assert Quantize(rows=4096, cols=8192, group=128).bytes_moved() < vllm.bytes_moved() == sglang.bytes_moved()
+    (per_token,) = decompose(sglang, H100)
+    assert per_token.grid_ctas == 4096 // 8 and per_token.tasks.demand["dram"].sum() == pytest.approx(
+        4096 * 8192 * 3 + 4 * 4096)
+    (few_tokens,) = decompose(Quantize(rows=100, cols=8192, engine="sglang"), H100)
+    assert few_tokens.grid_ctas == 100
+    group = Quantize(rows=4096, cols=8192, group=128)
+    (one_pass,) = decompose(group, H100)
+    assert one_pass.tasks.demand["dram"].sum() == pytest.approx(group.bytes_moved())
+    assert sglang.bytes_moved() < vllm.bytes_moved() and group.bytes_moved() < vllm.bytes_moved()
+    assert [q.shape() for q in (vllm, sglang)] == ["4096x8192 per-tensor vllm", "4096x8192 per-token sglang"]
     with pytest.raises(ValueError, match="unknown engine"):
         Quantize(rows=1, cols=1, engine="trtllm")
 

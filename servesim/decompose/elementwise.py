@@ -43,6 +43,11 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
         # csrc/cache_kernels.cu reshape_and_cache_flash: grid(num_tokens), block(min(num_heads * head_size, 512)).
         threads = min(kernel.num_kv_heads * kernel.head_dim, 512)
         return kernel.tokens, threads, 0.0, 0.0, "vLLM cache_kernels.cu"
+    if isinstance(kernel, Quantize) and kernel.group == 0:
+        # SGLang's per-token scales, sgl-kernel per_token_quant_fp8.cu: a warp per token, 8 tokens per CTA, from
+        # 2 x 8 tokens per SM up; below that a 256-thread CTA per token.
+        warp_per_token = kernel.rows >= 16 * gpu.sm_count
+        return -(-kernel.rows // 8) if warp_per_token else kernel.rows, 256, 0.0, 0.0, "sgl-kernel per_token_quant_fp8"
     if isinstance(kernel, Quantize):
         # Per-group scales, one pass: vLLM per_token_group_quant.cu and sgl-kernel per_token_group_quant_8bit,
         # grid(num_tokens x groups / 16) of 16 groups x 16 threads.
@@ -83,24 +88,20 @@ def _launch(kernel: Kernel, gpu: GpuSpec, ctas: int, threads: int, flops: float,
 
 
 def _per_tensor_quantize(kernel: Quantize, gpu: GpuSpec) -> tuple[Launch, ...]:
-    """A per-tensor scale's two launches, abs-max then conversion, each reading the input once.
-
-    vLLM (csrc/quantization/w8a8/fp8/common.cu dynamic_scaled_fp8_quant): grid(num_tokens) x 256 threads for both,
-    the abs-max kernel with one atomicMax per CTA on the one scale. SGLang (sgl-kernel per_tensor_quant_fp8.cu):
-    grid min(ceil(elements / 256), 1024) x 256 for both, vectorised grid-stride loops."""
+    """vLLM's per-tensor scale, two launches each reading the input once (csrc/quantization/w8a8/fp8/common.cu
+    dynamic_scaled_fp8_quant): grid(num_tokens) x 256 threads for both, the abs-max kernel with unvectorised loads
+    and one atomicMax per CTA on the one scale, then the vectorised conversion."""
     elems = kernel.rows * kernel.cols
     read = elems * dtype_bytes(kernel.in_dtype)
-    ctas = kernel.rows if kernel.engine == "vllm" else min(-(-elems // 256), 1024)
-    smem = 4.0 * 256
-    source = "vLLM fp8/common.cu" if kernel.engine == "vllm" else "sgl-kernel per_tensor_quant_fp8.cu"
     return (
-        _launch(kernel, gpu, ctas, 256, float(elems), 0.0, read, smem, f"{source} abs-max"),
-        _launch(kernel, gpu, ctas, 256, 2.0 * elems, 0.0, kernel.bytes_moved() - read, 0.0, f"{source} convert"),
+        _launch(kernel, gpu, kernel.rows, 256, float(elems), 0.0, read, 4.0 * 256, "vLLM fp8/common.cu abs-max"),
+        _launch(kernel, gpu, kernel.rows, 256, 2.0 * elems, 0.0, kernel.bytes_moved() - read, 0.0,
+                "vLLM fp8/common.cu convert"),
     )
 
 
 def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
-    if isinstance(kernel, Quantize) and kernel.group == 0:
+    if isinstance(kernel, Quantize) and kernel.per_tensor:
         return _per_tensor_quantize(kernel, gpu)
     ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
     xu_per_cta = 0.0 if isinstance(kernel, Embedding) else xu_per_cta

@@ -29,8 +29,8 @@ MIN_KERNEL_US = 2.0
 #: Cycles a resident thread of vLLM's abs-max kernel waits for each of its unvectorised loads, and cycles the
 #: L2 takes per atomicMax on the one scale, one per CTA. Fitted on the H100, B200 and GB200 rows, no test GPU's
 #: (``python scripts/fit_quant_stall.py``; docs/estimator.md, "vLLM's per-tensor quantisation").
-SCALAR_LOAD_LATENCY_CYCLES = 458.0
-SAME_ADDRESS_ATOMIC_CYCLES = 7.7
+SCALAR_LOAD_LATENCY_CYCLES = 295.0
+SAME_ADDRESS_ATOMIC_CYCLES = 7.6
 
 
 def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, in_bytes: float, gpu: GpuSpec,
@@ -52,7 +52,7 @@ def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, in_bytes
 
 def stall_us(kernel: Kernel, gpu: GpuSpec) -> float:
     """Time ``kernel`` waits beyond its peak compute and DRAM times (see :func:`vllm_quant_stall_us`)."""
-    if isinstance(kernel, Quantize) and kernel.group == 0 and kernel.engine == "vllm":
+    if isinstance(kernel, Quantize) and kernel.per_tensor:
         return float(vllm_quant_stall_us(kernel.rows, kernel.cols, dtype_bytes(kernel.in_dtype), gpu))
     return 0.0
 

@@ -150,11 +150,14 @@ QUANTIZE_ENGINES = ("vllm", "sglang")
 @dataclass(frozen=True, kw_only=True)
 class Quantize(Kernel):
     """Dynamic FP8 quantisation of activations ahead of a :class:`ScaledMM`: ``rows`` x ``cols`` from ``in_dtype``
-    to fp8, one scale per tensor (``group=0``) or per ``group`` columns of each row, by ``engine``'s kernels.
+    to fp8 by ``engine``'s kernels; ``group=0`` for per-tensor weight scales, else one scale per ``group`` columns
+    of each row.
 
-    A per-tensor scale needs the whole tensor's abs-max before any element is converted, so both engines read the
-    input twice: an abs-max kernel, then the conversion (vLLM ``dynamic_scaled_fp8_quant``, SGLang
-    ``sgl_per_tensor_quant_fp8``). A per-group scale is one pass (``per_token_group_quant``)."""
+    With per-tensor weight scales the engines scale activations differently. vLLM takes one scale for the whole
+    tensor, which needs its abs-max before any element is converted, so it reads the input twice: an abs-max
+    kernel, then the conversion (``dynamic_scaled_fp8_quant``). SGLang takes one scale per token
+    (``apply_fp8_linear`` -> ``sgl_per_token_quant_fp8``; sgl-kernel's ``fp8_scaled_mm`` takes per-token scales),
+    one kernel that reads each row once from DRAM. A per-group scale is one pass (``per_token_group_quant``)."""
 
     category: ClassVar[str] = "quant"
     dtype: str = "fp8"
@@ -169,21 +172,30 @@ class Quantize(Kernel):
             raise ValueError(f"unknown engine {self.engine!r}; choose one of {', '.join(QUANTIZE_ENGINES)}")
 
     @property
+    def per_tensor(self) -> bool:
+        """One scale for the whole tensor (vLLM's dynamic quantisation with per-tensor weights)."""
+        return self.group == 0 and self.engine == "vllm"
+
+    @property
     def input_reads(self) -> int:
-        """How many times the kernels read the input: twice for a per-tensor scale (abs-max, then convert)."""
-        return 2 if self.group == 0 else 1
+        """How many times the kernels read the input from DRAM: twice for a per-tensor scale (abs-max, then
+        convert)."""
+        return 2 if self.per_tensor else 1
 
     def flops(self) -> float:
         return 3.0 * self.rows * self.cols  # abs-max, scale, convert
 
     def bytes_moved(self) -> float:
-        scales = 1 if self.group == 0 else self.rows * -(-self.cols // self.group)
+        if self.per_tensor:
+            scales = 1
+        else:
+            scales = self.rows * (1 if self.group == 0 else -(-self.cols // self.group))
         elems = self.rows * self.cols
         return elems * (self.input_reads * dtype_bytes(self.in_dtype) + dtype_bytes(self.dtype)) + 4 * scales
 
     def shape(self) -> str:
-        return f"{self.rows}x{self.cols} " + ("per-tensor" if self.group == 0 else f"group={self.group}") \
-            + f" {self.engine}"
+        scale = "per-tensor" if self.per_tensor else ("per-token" if self.group == 0 else f"group={self.group}")
+        return f"{self.rows}x{self.cols} {scale} {self.engine}"
 
 
 def _attended_pairs(query_len: int, kv_len: int, causal: bool) -> int:

@@ -29,7 +29,8 @@ def main(max_rows: int, seed: int) -> None:
     test = split_by_shape(samples.shape_id, seed).test
     frame = frame[test].reset_index(drop=True)
     predicted_us = quantize_us(frame) + predict_samples_us(shipped_weights()["scaled_mm"], samples.subset(test))
-    frame = frame.assign(predicted_us=predicted_us, engine=frame["backend"].astype(str) + " " + frame["scaling"].astype(str))
+    engine = frame["backend"].astype(str) + " " + frame["scaling"].astype(str)
+    frame = frame.assign(predicted_us=predicted_us, engine=engine)
     click.echo(f"FP8 linear layers, held-out shapes of {len(test):,} sampled rows (seed {seed}): {len(frame):,} rows, "
                f"MAPE {mape(frame.predicted_us, frame.latency_us):.1f} %")
     click.echo(f"{'GPU':<14} {'engine, scale':<14} {'rows':>5}  {'MAPE %':>6}  {'median predicted/measured':>25}")

@@ -18,11 +18,16 @@ from servesim.kernels.types import SCALED_MM_LIBRARIES, SCALED_MM_LIBRARY_NAMES
 _SHOWN_TASKS = 8
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
+def _int_list(text: str, option: str, example: str) -> tuple[int, ...]:
+    """The comma-separated integers of ``option``; a one-line error naming an ``example`` otherwise."""
     try:
-        values = tuple(int(v) for v in text.split(","))
+        return tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ServesimError(f"{option} takes comma-separated integers, e.g. 512,2048; got {text!r}") from None
+        raise ServesimError(f"{option} takes comma-separated integers, e.g. {example}; got {text!r}") from None
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    values = _int_list(text, option, "512,2048")
     if not values or min(values) < 1 or max(values) > MAX_TOKENS:
         raise ServesimError(f"{option} values must be integers from 1 to {MAX_TOKENS:,}; got {text!r}")
     return values
@@ -31,10 +36,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def _expert_counts(text: str, experts: int, tokens: int, pairs: int) -> tuple[int, ...]:
     """``--expert-tokens``: one count per expert, each from 0 to ``tokens`` (a token picks an expert at most once),
     summing to the routed pairs."""
-    try:
-        counts = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ServesimError(f"--expert-tokens takes comma-separated integers, e.g. 3,0,5,2; got {text!r}") from None
+    counts = _int_list(text, "--expert-tokens", "3,0,5,2")
     if len(counts) != experts or sum(counts) != pairs:
         raise ServesimError(f"--expert-tokens needs {experts} counts summing to tokens x top-k = {pairs}")
     if min(counts) < 0 or max(counts) > tokens:

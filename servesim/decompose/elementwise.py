@@ -104,6 +104,5 @@ def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
     if isinstance(kernel, Quantize) and kernel.per_tensor:
         return _per_tensor_quantize(kernel, gpu)
     ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
-    xu_per_cta = 0.0 if isinstance(kernel, Embedding) else xu_per_cta
     return (_launch(kernel, gpu, ctas, threads, kernel.flops(), xu_per_cta, kernel.bytes_moved(), smem_per_cta,
                     source),)

@@ -3,10 +3,11 @@
 aiconfigurator times each engine's whole FP8 linear layer with per-tensor weight scales: vLLM's quantises the
 activations with one scale for the tensor (abs-max kernel, then conversion: two reads of the activations), SGLang's
 with one scale per token (one kernel, one read); both then run a CUTLASS-based scaled MM. For the same shape on the
-same GPU, the difference of their times, for m >= 1,024 where the quantisation is a large share, is vLLM's extra
-read and its stall: its unvectorised abs-max loads and its per-row atomics. The fit uses the H100, B200 and GB200
-only (the GPUs design choices are checked on, none of the five test GPUs of docs/accuracy.md); the other GPUs are
-fitted alone for comparison.
+same GPU, the difference of their times, for m >= 1,024 where the quantisation is a large share, is the difference
+of their quantisations: vLLM's extra read and its stall (its unvectorised abs-max loads and its per-row atomics),
+each read from L2 or DRAM as the timing loop left it (servesim.estimator.datasets.harness_quantize_kernels). The fit
+uses the H100, B200 and GB200 only (the GPUs design choices are checked on, none of the five test GPUs of
+docs/accuracy.md); the other GPUs are fitted alone for comparison.
 
     python scripts/fit_quant_stall.py
 """
@@ -18,33 +19,56 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from servesim.data.aiconfigurator import load_gemm
-from servesim.estimator.roofline import vllm_quant_stall_us
+from servesim.estimator.datasets import LOCAL_SYSTEM, fp8_linear_rows, harness_quantize_kernels
+from servesim.estimator.roofline import RooflineEstimator, traffic_us, vllm_quant_stall_us
 from servesim.hardware import get_gpu
+from servesim.kernels.types import dtype_bytes
 
-SOURCES = {"CutlassFP8ScaledMMLinearKernel": "vllm", "sglang_sgl_kernel_fp8_scaled_mm": "sglang"}
 FIT_GPUS = ("H100-SXM", "B200", "GB200")
+SCALED_MM_LIBRARIES = ("cutlass", "sgl_kernel")
 
 
 def matched_times(min_m: int) -> pd.DataFrame:
-    """Median vLLM and SGLang per-tensor FP8 linear times per (GPU, m, n, k), where both were measured."""
-    rows = load_gemm(dtypes=("fp8",))
-    rows = rows[rows["kernel_source"].astype(str).isin(SOURCES) & (rows["m"] >= min_m)]
-    engine = rows["kernel_source"].astype(str).map(SOURCES).rename("engine")
-    times = rows["latency_us"].groupby([rows["gpu"], rows["m"], rows["n"], rows["k"], engine], observed=True)
-    return times.median().unstack("engine").dropna().reset_index()
+    """Per (GPU, m, n, k) where both engines' per-tensor FP8 linears were measured: each engine's median time
+    (``vllm``, ``sglang``), the modelled time of SGLang's quantisation (``sglang_quant_us``) and, for vLLM's, its
+    traffic time and one read of its input (``vllm_traffic_us``, ``vllm_read_us``), both as the loop ran them."""
+    rows = fp8_linear_rows()
+    rows = rows[(rows["system"].astype(str) != LOCAL_SYSTEM) & rows["library"].isin(SCALED_MM_LIBRARIES)
+                & (rows["m"] >= min_m)].reset_index(drop=True)
+    quantize = harness_quantize_kernels(rows)
+    modelled = np.empty(len(rows))
+    traffic = np.empty(len(rows))
+    read = np.empty(len(rows))
+    for gpu_name, at in rows.groupby("gpu", observed=True).indices.items():
+        gpu = get_gpu(str(gpu_name))
+        kernels = [quantize[i] for i in at]
+        modelled[at] = RooflineEstimator().predict_us(kernels, gpu)
+        resident = np.array([q.l2_resident_fraction for q in kernels])
+        traffic[at] = traffic_us(np.array([q.bytes_moved() for q in kernels]), resident, gpu)
+        read[at] = traffic_us(np.array([q.rows * q.cols * dtype_bytes(q.in_dtype) for q in kernels]), resident, gpu)
+    rows = rows.assign(engine=rows["backend"].astype(str), quant_us=modelled, traffic_us=traffic, read_us=read)
+    keys = ["gpu", "m", "n", "k"]
+    by_engine = rows.groupby([*keys, "engine"], observed=True).agg(
+        latency_us=("latency_us", "median"), quant_us=("quant_us", "first"), traffic_us=("traffic_us", "first"),
+        read_us=("read_us", "first")).unstack("engine")
+    matched = pd.DataFrame({
+        "vllm": by_engine["latency_us"]["vllm"], "sglang": by_engine["latency_us"]["sglang"],
+        "sglang_quant_us": by_engine["quant_us"]["sglang"], "vllm_traffic_us": by_engine["traffic_us"]["vllm"],
+        "vllm_read_us": by_engine["read_us"]["vllm"]})
+    return matched.dropna().reset_index()
 
 
 def fit(frame: pd.DataFrame) -> tuple[float, float]:
-    """(load latency cycles, atomic cycles) minimising the stall's error relative to vLLM's time."""
+    """(load latency cycles, atomic cycles) minimising the error of the modelled difference of the engines'
+    quantisations relative to vLLM's time."""
     parts = [(get_gpu(str(g)), part) for g, part in frame.groupby("gpu", observed=True)]
     measured = np.concatenate([(p["vllm"] - p["sglang"]).to_numpy() for _, p in parts])
     scale = np.concatenate([p["vllm"].to_numpy() for _, p in parts])
 
     def residuals(params: np.ndarray) -> np.ndarray:
         model = np.concatenate([
-            vllm_quant_stall_us(p["m"].to_numpy(), p["k"].to_numpy(), 2.0, gpu, *params)
-            + (p["m"] * p["k"]).to_numpy() * 2.0 / (gpu.dram_bandwidth_gbps * 1e3)  # vLLM's second read
+            p["vllm_traffic_us"].to_numpy() - p["sglang_quant_us"].to_numpy()
+            + vllm_quant_stall_us(p["m"].to_numpy(), p["k"].to_numpy(), p["vllm_read_us"].to_numpy(), gpu, *params)
             for gpu, p in parts])
         return (model - measured) / scale
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from servesim.errors import ServesimError
 from servesim.estimator.datasets import (
     SOURCES,
     DataOptions,
+    harness_quantize_kernels,
     load_samples,
     prepare_frame,
     samples_from_frame,
@@ -123,11 +125,28 @@ def _fp8_rows() -> pd.DataFrame:
 def test_scaled_mm_target_is_the_linear_time_less_the_quantize_kernel():
     prepared = prepare_frame("scaled_mm", _fp8_rows())
     assert list(prepared.frame["kernel_source"]) == ["CutlassFP8ScaledMMLinearKernel"]
-    quant_us = RooflineEstimator().predict_us([Quantize(rows=512, cols=4096)], get_gpu("H100-SXM"))[0]
+    # One layer's buffers (26 MiB) fit in the H100's L2, so the loop's quantisation reads from there.
+    warm = Quantize(rows=512, cols=4096, l2_resident_fraction=1.0)
+    quant_us = RooflineEstimator().predict_us([warm], get_gpu("H100-SXM"))[0]
     assert prepared.frame["latency_us"].iloc[0] == pytest.approx(40.0 - quant_us)
     # Left out: the host-bound vLLM block path, and the rows whose quantisation (2 µs) leaves nothing (1 µs
     # measured) or under a fifth of the measured time (2.3 µs).
     assert sum(prepared.dropped.values()) == 3 and len(prepared.dropped) == 2
+
+
+def test_measured_quantisation_finds_its_input_in_l2_when_the_timing_loop_leaves_it_there():
+    """vLLM's collector passes one activation tensor to its six copies of the layer, so only one layer's buffers
+    pass between two quantisations of it; SGLang's gives each copy its own, so six layers' do."""
+    shapes = pd.DataFrame({"m": [512, 512, 8192], "n": 4096, "k": 4096, "scaling": "tensor",
+                           "backend": ["vllm", "sglang", "vllm"], "library": ["cutlass", "sgl_kernel", "cutlass"],
+                           "gpu": "H100-SXM", "system": "h100_sxm"})
+    kernels = harness_quantize_kernels(shapes)
+    # 26 MiB for one layer of m = 512 fits in the H100's 50 MiB L2; six of them, or one of m = 8192, do not.
+    assert [q.l2_resident_fraction for q in kernels] == [1.0, 0.0, 0.0]
+    h100 = get_gpu("H100-SXM")
+    warm_us, cold_us = RooflineEstimator().predict_us([kernels[0], replace(kernels[0], l2_resident_fraction=0.0)],
+                                                      h100)
+    assert warm_us < cold_us
 
 
 def test_vllm_per_tensor_quantisation_waits_on_its_unvectorised_loads_and_atomics():

@@ -180,8 +180,8 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
                Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
                *(Column(p, f"{p} %", ".1f") for p in predictors))
     notes = (
-        "MAPE % of predicted vs measured kernel time. roofline: peak compute / DRAM bandwidth; linear: least squares "
-        "on GPU-level compute and DRAM time; neusight: tile waves x roofline / learned utilisation; habitat: the "
+        "MAPE % of predicted vs measured kernel time. roofline: peak compute / DRAM bandwidth (L2's for what the "
+        "timing loop left in L2); linear: least squares on GPU-level compute and DRAM time; neusight: tile waves x roofline / learned utilisation; habitat: the "
         "same shape measured on the nearest training GPU, wave-scaled (roofline where no training GPU measured "
         "it, i.e. every held-out shape); mlp: (theoretical time + latency floor) / learned efficiency.",
         f"{max_rows:,} sampled rows per category, seed {seed}; retrainings up to {config.max_epochs} epochs, "

@@ -1,8 +1,10 @@
-"""The roofline estimator: each kernel takes the longer of its compute time at peak and its DRAM time at peak.
+"""The roofline estimator: each kernel takes the longer of its compute time and its memory time at peak.
 
 It is the analytical floor every learned model is compared with: it ignores tile quantisation, wave tails,
-occupancy and caches, so it is optimistic for small and irregular kernels. Tensor-core kernels (GEMMs,
-attention, fused MoE) use the Tensor pipe at their dtype; everything else the FP32 FMA pipe.
+occupancy and cache misses, so it is optimistic for small and irregular kernels. Tensor-core kernels (GEMMs,
+attention, fused MoE) use the Tensor pipe at their dtype; everything else the FP32 FMA pipe. The traffic a kernel
+finds in L2 when it starts (``l2_resident_fraction``: none in serving, all of it in a measuring loop whose working
+set fits; servesim/kernels/types.py) moves at the L2's bandwidth, the rest at the DRAM's.
 
 It is also the time of the categories no network learns, and one of them waits on something no peak describes:
 vLLM's per-tensor FP8 quantisation (:func:`vllm_quant_stall_us`), whose stall is added to its peak time.
@@ -30,13 +32,14 @@ MIN_KERNEL_US = 2.0
 #: L2 takes per atomicMax on the one scale, one per CTA. Fitted on the H100, B200 and GB200 rows, no test GPU's
 #: (``python scripts/fit_quant_stall.py``; docs/estimator.md, "vLLM's per-tensor quantisation").
 SCALAR_LOAD_LATENCY_CYCLES = 295.0
-SAME_ADDRESS_ATOMIC_CYCLES = 7.6
+SAME_ADDRESS_ATOMIC_CYCLES = 8.8
 
 
-def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, in_bytes: float, gpu: GpuSpec,
+def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, read_us: np.ndarray | float, gpu: GpuSpec,
                         load_latency_cycles: float = SCALAR_LOAD_LATENCY_CYCLES,
                         atomic_cycles: float = SAME_ADDRESS_ATOMIC_CYCLES) -> np.ndarray | float:
-    """Time vLLM's per-tensor quantisation of ``rows`` x ``cols`` spends beyond its DRAM traffic.
+    """Time vLLM's per-tensor quantisation of ``rows`` x ``cols`` spends beyond its traffic, ``read_us`` being the
+    time of one read of its input from wherever it is (DRAM or L2).
 
     Its abs-max kernel (``segmented_max_reduction_strided``: a CTA of 256 threads per row) loads one element per
     thread at a time, so each SM has one load per resident thread in flight and reads ``threads / latency``
@@ -45,15 +48,26 @@ def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, in_bytes
     elems = np.asarray(rows, dtype=float) * np.asarray(cols, dtype=float)
     resident_threads = gpu.sm_count * min(gpu.max_threads_per_sm, gpu.max_ctas_per_sm * 256)
     latency_bound_us = elems * load_latency_cycles / resident_threads / gpu.clock_hz() * 1e6
-    bandwidth_us = elems * in_bytes / (gpu.dram_bandwidth_gbps * 1e3)
     atomics_us = np.asarray(rows, dtype=float) * atomic_cycles / gpu.clock_hz() * 1e6
-    return np.maximum(latency_bound_us - bandwidth_us, 0.0) + atomics_us
+    return np.maximum(latency_bound_us - read_us, 0.0) + atomics_us
+
+
+def traffic_us(bytes_moved: np.ndarray | float, l2_resident_fraction: np.ndarray | float,
+               gpu: GpuSpec) -> np.ndarray | float:
+    """Time to move ``bytes_moved`` at peak when ``l2_resident_fraction`` of it is in L2 and the rest in DRAM."""
+    return (bytes_moved * (1.0 - l2_resident_fraction) / (gpu.dram_bandwidth_gbps * 1e3)
+            + bytes_moved * l2_resident_fraction / (gpu.l2_bandwidth_gbps * 1e3))
+
+
+def _l2_resident_fraction(kernel: Kernel) -> float:
+    return getattr(kernel, "l2_resident_fraction", 0.0)
 
 
 def stall_us(kernel: Kernel, gpu: GpuSpec) -> float:
-    """Time ``kernel`` waits beyond its peak compute and DRAM times (see :func:`vllm_quant_stall_us`)."""
+    """Time ``kernel`` waits beyond its peak compute and memory times (see :func:`vllm_quant_stall_us`)."""
     if isinstance(kernel, Quantize) and kernel.per_tensor:
-        return float(vllm_quant_stall_us(kernel.rows, kernel.cols, dtype_bytes(kernel.in_dtype), gpu))
+        read_us = traffic_us(kernel.rows * kernel.cols * dtype_bytes(kernel.in_dtype), kernel.l2_resident_fraction, gpu)
+        return float(vllm_quant_stall_us(kernel.rows, kernel.cols, read_us, gpu))
     return 0.0
 
 
@@ -77,6 +91,7 @@ class RooflineEstimator:
         bytes_moved = np.fromiter((k.bytes_moved() for k in kernels), dtype=float, count=len(kernels))
         peaks = np.fromiter((pipe_peak_flops(k, gpu) for k in kernels), dtype=float, count=len(kernels))
         compute_us = flops / peaks * 1e6
-        memory_us = bytes_moved / (gpu.dram_bandwidth_gbps * 1e9) * 1e6
+        resident = np.fromiter((_l2_resident_fraction(k) for k in kernels), dtype=float, count=len(kernels))
+        memory_us = traffic_us(bytes_moved, resident, gpu)
         stalls_us = np.fromiter((stall_us(k, gpu) for k in kernels), dtype=float, count=len(kernels))
         return np.maximum(np.maximum(compute_us, memory_us) + stalls_us, MIN_KERNEL_US)

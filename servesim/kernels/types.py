@@ -8,8 +8,8 @@ an ``o_proj`` of the same shape are the same kernel to a predictor.
 work for element-wise kernels). ``bytes_moved()`` is the minimal DRAM traffic: every input read once, every output
 written once, weights included. Neither says anything about time.
 
-GEMM-family and attention kernels also say how much of that traffic L2 already holds when they start
-(``l2_resident_fraction``): none in serving, where a layer's weights and KV cache were evicted by every other
+GEMM-family, attention and quantisation kernels also say how much of that traffic L2 already holds when they
+start (``l2_resident_fraction``): none in serving, where a layer's weights and KV cache were evicted by every other
 layer's since its last use, but a measured kernel timed in a loop whose working set fits in L2 finds all of it
 there (servesim/estimator/datasets.py).
 """
@@ -166,6 +166,7 @@ class Quantize(Kernel):
     group: int = 0
     in_dtype: str = "bf16"
     engine: str = "vllm"
+    l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.engine not in QUANTIZE_ENGINES:

@@ -169,7 +169,10 @@ def _fp8_gpu_names() -> list:
 
 #: GPUs whose FP8 prefill linears the shipped network predicts slower than BF16 ones: they lie outside the measured
 #: GPUs' range (docs/accuracy.md, "Retraining and GPUs nobody measured"); the test turns red when they are fixed.
-_FP8_SLOWER_THAN_BF16 = {"L4": "58 SMs on 300 GB/s: fewer SMs and less bandwidth than any FP8 training GPU"}
+_FP8_SLOWER_THAN_BF16 = {
+    "L4": "58 SMs on 300 GB/s: fewer SMs and less bandwidth than any FP8 training GPU",
+    "L20": "92 SMs and an FP8 Tensor rate per SM of half any FP8 training GPU's: its o_proj comes out 4 % slower",
+}
 
 
 @pytest.mark.parametrize("gpu_name", [

@@ -239,8 +239,8 @@ SCALED_MM_LIBRARY_OF_SOURCE: Mapping[str, str] = MappingProxyType({
 
 #: A scaled-MM target that is the measured layer time less the modelled quantisation must keep at least this share
 #: of the layer's time: a smaller remainder is within the two times' errors, and relative to it they are unbounded
-#: (mostly vLLM's rows on the GDDR GPUs whose loop's buffers overfill L2 by up to half and still run partly from it,
-#: and short-k rows on the B200 whose per-row atomics the stall model overstates).
+#: (mostly vLLM's rows on the GDDR GPUs whose loop's buffers overfill L2 and still run partly from it, and short-k
+#: rows on the B200 whose per-row atomics the stall model overstates).
 MIN_SCALED_MM_SHARE = 0.2
 
 

@@ -43,12 +43,13 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
         # csrc/cache_kernels.cu reshape_and_cache_flash: grid(num_tokens), block(min(num_heads * head_size, 512)).
         threads = min(kernel.num_kv_heads * kernel.head_dim, 512)
         return kernel.tokens, threads, 0.0, 0.0, "vLLM cache_kernels.cu"
-    if isinstance(kernel, Quantize) and kernel.group == 0:
+    if isinstance(kernel, Quantize) and kernel.group == 0 and not kernel.per_tensor:
         # SGLang's per-token scales, sgl-kernel per_token_quant_fp8.cu: a warp per token, 8 tokens per CTA, from
-        # 2 x 8 tokens per SM up; below that a 256-thread CTA per token.
+        # 2 x 8 tokens per SM up; below that a 256-thread CTA per token. (vLLM's per-tensor scale is two launches,
+        # _per_tensor_quantize.)
         warp_per_token = kernel.rows >= 16 * gpu.sm_count
         return -(-kernel.rows // 8) if warp_per_token else kernel.rows, 256, 0.0, 0.0, "sgl-kernel per_token_quant_fp8"
-    if isinstance(kernel, Quantize):
+    if isinstance(kernel, Quantize) and kernel.group > 0:
         # Per-group scales, one pass: vLLM per_token_group_quant.cu and sgl-kernel per_token_group_quant_8bit,
         # grid(num_tokens x groups / 16) of 16 groups x 16 threads.
         ctas = -(-kernel.rows * -(-kernel.cols // kernel.group) // 16)

@@ -179,8 +179,7 @@ class Quantize(Kernel):
 
     @property
     def input_reads(self) -> int:
-        """How many times the kernels read the input from DRAM: twice for a per-tensor scale (abs-max, then
-        convert)."""
+        """How many times the kernels read the input: twice for a per-tensor scale (abs-max, then convert)."""
         return 2 if self.per_tensor else 1
 
     def flops(self) -> float:

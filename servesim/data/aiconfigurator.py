@@ -248,6 +248,18 @@ def load_moe(
     return tidy(frame, [*shape, "dtype", "scaling"])
 
 
+def load_fp8_convert(systems: Iterable[str] | None = None) -> pd.DataFrame:
+    """Measured times of vLLM's FP8 conversion with a given per-tensor scale (``static_scaled_fp8_quant``: the
+    second of the two passes of its dynamic per-tensor quantisation), ``m`` x ``k`` BF16 activations to FP8. Its
+    collector (``collect_computescale.py``) converts one input five times in a row.
+
+    Columns: gpu, system, backend, backend_version, kernel_source, m, k, latency_us, source.
+    """
+    frame = _load("quantize", "scale_matrix_perf", ("vllm",), systems)
+    frame = frame[frame["quant_dtype"].astype(str) == "fp8"]
+    return tidy(frame.reset_index(drop=True), ["m", "k"])
+
+
 _SILICON_RENAMES = {
     "model_path": "model",
     "silicon_ttft_ms": "ttft_ms",

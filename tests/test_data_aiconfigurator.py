@@ -123,3 +123,20 @@ def test_bad_selections_fail_with_a_fix() -> None:
         aic.load_gemm(backends=("tensorrt",))
     with pytest.raises(ServesimError, match="unknown dtype"):
         aic.load_gemm(dtypes=("int3",))
+
+
+def test_fp8_conversion_rows_are_in_microseconds_and_no_faster_than_dram_beyond_l2() -> None:
+    """vLLM's FP8 conversion reads BF16 and writes FP8: when its input and output overfill L2 four times, no GPU can
+    run it faster than its DRAM moves those bytes (a unit slip of 1000 would put it far either side)."""
+    from servesim.hardware import get_gpu
+
+    rows = aic.load_fp8_convert()
+    assert set(rows["gpu"]) == {"H100-SXM", "H200", "B200", "B300", "GB200", "GB300", "L40S", "RTX-PRO-6000"}
+    assert (rows["kernel_source"] == "static_scaled_fp8_quant").all()
+    for gpu_name, part in rows.groupby("gpu", observed=True):
+        gpu = get_gpu(str(gpu_name))
+        bytes_moved = 3.0 * part["m"] * part["k"]
+        big = bytes_moved > 4 * gpu.l2_cache_mib * 2**20
+        dram_us = bytes_moved[big] / (gpu.dram_bandwidth_gbps * 1e3)
+        ratio = part["latency_us"][big] / dram_us
+        assert big.sum() > 10 and ratio.min() >= 1.0 and ratio.median() < 2.0, (gpu_name, ratio.describe())

@@ -181,9 +181,10 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
                *(Column(p, f"{p} %", ".1f") for p in predictors))
     notes = (
         "MAPE % of predicted vs measured kernel time. roofline: peak compute / DRAM bandwidth (L2's for what the "
-        "timing loop left in L2); linear: least squares on GPU-level compute and DRAM time; neusight: tile waves x roofline / learned utilisation; habitat: the "
-        "same shape measured on the nearest training GPU, wave-scaled (roofline where no training GPU measured "
-        "it, i.e. every held-out shape); mlp: (theoretical time + latency floor) / learned efficiency.",
+        "timing loop left in L2); linear: least squares on GPU-level compute and DRAM time; neusight: tile waves x "
+        "roofline / learned utilisation; habitat: the same shape measured on the nearest training GPU, "
+        "wave-scaled (roofline where no training GPU measured it, i.e. every held-out shape); mlp: (theoretical "
+        "time + latency floor) / learned efficiency.",
         f"{max_rows:,} sampled rows per category, seed {seed}; retrainings up to {config.max_epochs} epochs, "
         f"stopped after {config.patience_epochs} without a better validation MAPE; took "
         f"{time.perf_counter() - start:.0f} s.",

@@ -153,8 +153,13 @@ HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "scaled_mm": 6,
 def harness_l2_fills(kernels: Sequence[Kernel], gpus: Sequence[str], copies: int) -> np.ndarray:
     """How many times the timing loop's working set (``copies`` kernels' ``bytes_moved()``) fills the L2 of each
     row's GPU."""
-    l2_bytes = {name: get_gpu(name).l2_cache_mib * 2**20 for name in set(gpus)}
-    return np.array([copies * k.bytes_moved() / l2_bytes[g] for k, g in zip(kernels, gpus)])
+    return copies * np.array([k.bytes_moved() for k in kernels]) / _l2_bytes(gpus)
+
+
+def _l2_bytes(gpus: Sequence[str]) -> np.ndarray:
+    """The L2 size in bytes of each row's GPU."""
+    sizes = {name: get_gpu(name).l2_cache_mib * 2**20 for name in set(gpus)}
+    return np.array([sizes[g] for g in gpus], dtype=float)
 
 
 def _with_harness_l2(frame: pd.DataFrame, kernels: list[Kernel], category: str) -> list[Kernel]:
@@ -181,11 +186,14 @@ def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
     return load_gemm(dtypes=("fp8",))
 
 
+def _scaled_mms(frame: pd.DataFrame) -> list[ScaledMM]:
+    """Each FP8 row's scaled MM, with nothing in L2."""
+    return [ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s), library=str(lib))
+            for m, n, k, s, lib in zip(frame["m"], frame["n"], frame["k"], frame["scaling"], frame["library"])]
+
+
 def _scaled_mm_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    return _with_harness_l2(frame, [
-        ScaledMM(m=int(m), n=int(n), k=int(k), scale=str(s), library=str(lib))
-        for m, n, k, s, lib in zip(frame["m"], frame["n"], frame["k"], frame["scaling"], frame["library"])],
-        "scaled_mm")
+    return _with_harness_l2(frame, _scaled_mms(frame), "scaled_mm")
 
 
 #: How many layers' buffers aiconfigurator's FP8 timing loop touches between two quantisations of one activation
@@ -203,11 +211,10 @@ def harness_quantize_kernels(frame: pd.DataFrame) -> list[Kernel]:
     kernels = [Quantize(rows=int(m), cols=int(k), group=128 if s == "block" else 0, engine=str(engine))
                for m, k, s, engine in zip(frame["m"], frame["k"], frame["scaling"], frame["backend"])]
     layer_bytes = np.array([q.rows * q.cols * dtype_bytes(q.in_dtype) + mm.bytes_moved()
-                            for q, mm in zip(kernels, _scaled_mm_kernels(frame))])
+                            for q, mm in zip(kernels, _scaled_mms(frame))])
     layers = frame["backend"].astype(str).map(QUANTIZE_INPUT_REUSE_LAYERS).to_numpy()
-    l2_bytes = frame["gpu"].astype(str).map(lambda g: get_gpu(g).l2_cache_mib * 2**20).to_numpy()
-    return [replace(q, l2_resident_fraction=float(fill <= 1.0))
-            for q, fill in zip(kernels, layers * layer_bytes / l2_bytes)]
+    fills = layers * layer_bytes / _l2_bytes(frame["gpu"].astype(str).tolist())
+    return [replace(q, l2_resident_fraction=float(fill <= 1.0)) for q, fill in zip(kernels, fills)]
 
 
 def _fallback_us(frame: pd.DataFrame, kernels: Sequence[Kernel]) -> np.ndarray:

@@ -24,6 +24,7 @@ import pandas as pd
 from servesim.data.vidur import DEFAULT_VIDUR_ROOT
 from servesim.errors import ServesimError, suggest
 from servesim.estimator.inputs import candidate_inputs
+from servesim.estimator.roofline import roofline_us
 from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
 from servesim.kernels.engines import get_engine
@@ -217,16 +218,6 @@ def harness_quantize_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return [replace(q, l2_resident_fraction=float(fill <= 1.0)) for q, fill in zip(kernels, fills)]
 
 
-def _fallback_us(frame: pd.DataFrame, kernels: Sequence[Kernel]) -> np.ndarray:
-    """Times the roofline estimator (the MLP estimator's fallback) gives ``kernels[i]`` on ``frame.gpu[i]``."""
-    from servesim.estimator.roofline import RooflineEstimator
-
-    out = np.empty(len(frame))
-    for gpu_name, rows in frame.groupby("gpu", observed=True).indices.items():
-        out[rows] = RooflineEstimator().predict_us([kernels[i] for i in rows], get_gpu(str(gpu_name)))
-    return out
-
-
 #: vLLM 0.24's block-scaled FP8 linears take 60 us (Hopper) to 800 us (GB200) whatever the shape up to m = 2048,
 #: where SGLang's DeepGEMM path on the same GPUs takes 10 us: the timing is bound by per-call host work.
 _HOST_BOUND_FP8_SOURCES = frozenset({
@@ -276,7 +267,7 @@ def quantize_us(frame: pd.DataFrame) -> np.ndarray:
     kernels, roofline and stall); 0 for rows of our own collections, which time the scaled MM alone."""
     local = _local(frame)
     out = np.zeros(len(frame))
-    out[~local] = _fallback_us(frame[~local], harness_quantize_kernels(frame[~local]))
+    out[~local] = roofline_us(harness_quantize_kernels(frame[~local]), frame["gpu"][~local].astype(str).tolist())
     return out
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from servesim.hardware import get_gpu
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel, Quantize, dtype_bytes
 
@@ -95,3 +96,13 @@ class RooflineEstimator:
         memory_us = traffic_us(bytes_moved, resident, gpu)
         stalls_us = np.fromiter((stall_us(k, gpu) for k in kernels), dtype=float, count=len(kernels))
         return np.maximum(np.maximum(compute_us, memory_us) + stalls_us, MIN_KERNEL_US)
+
+
+def roofline_us(kernels: Sequence[Kernel], gpu_names: Sequence[str]) -> np.ndarray:
+    """The roofline's time of each of ``kernels`` on its own row's GPU (``gpu_names[i]``), one batch per GPU."""
+    names = np.asarray(gpu_names, dtype=str)
+    out = np.empty(len(kernels))
+    for gpu_name in np.unique(names):
+        rows = np.flatnonzero(names == gpu_name)
+        out[rows] = RooflineEstimator().predict_us([kernels[i] for i in rows], get_gpu(str(gpu_name)))
+    return out

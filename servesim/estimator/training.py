@@ -172,14 +172,9 @@ def predict_samples_us(weights: MlpWeights, samples: KernelSamples) -> np.ndarra
 
 def roofline_samples_us(samples: KernelSamples) -> np.ndarray:
     """The roofline estimator's times for measured samples, GPU by GPU."""
-    from servesim.estimator.roofline import RooflineEstimator
-    from servesim.hardware import get_gpu
+    from servesim.estimator.roofline import roofline_us
 
-    out = np.empty(len(samples))
-    for gpu_name in np.unique(samples.gpu):
-        rows = np.flatnonzero(samples.gpu == gpu_name)
-        out[rows] = RooflineEstimator().predict_us([samples.kernels[i] for i in rows], get_gpu(str(gpu_name)))
-    return out
+    return roofline_us(samples.kernels, samples.gpu)
 
 
 def mape_by_gpu(samples: KernelSamples, predictions_us: dict[str, np.ndarray]) -> list[dict[str, object]]:

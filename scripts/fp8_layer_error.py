@@ -1,5 +1,6 @@
 """How well the step model times whole FP8 linear layers: the modelled activation quantisation plus the learned
-scaled MM, against aiconfigurator's measured layer time, per GPU and engine.
+scaled MM, against aiconfigurator's measured layer time, per GPU and engine, beside the same layers with the
+roofline's and each baseline's scaled MM (the baselines fitted as ``servesim eval kernels`` fits them).
 
 The scaled-MM network's own MAPE (``servesim eval kernels``) is scored on its target, the measured time less the
 modelled quantisation, so it changes meaning whenever the quantisation's model does. This scores what a step
@@ -21,6 +22,7 @@ import pandas as pd
 
 from servesim.cli.estimator import schedule_options, train_config
 from servesim.estimator.datasets import (
+    KernelSamples,
     fp8_linear_rows,
     load_samples,
     quantize_us,
@@ -29,24 +31,32 @@ from servesim.estimator.datasets import (
     split_by_shape,
 )
 from servesim.estimator.mlp import MlpWeights, shipped_weights
-from servesim.estimator.training import mape, predict_samples_us, train_mlp
+from servesim.estimator.training import PREDICTORS, mape, predict_samples_us, predictor_times_us, train_mlp
 from servesim.hardware import get_gpu
 
 
-def layer_times(frame: pd.DataFrame, weights: MlpWeights) -> pd.DataFrame:
-    """``frame``'s rows with the step model's time of each whole layer (``predicted_us``) and its engine and
-    scaling (``engine``)."""
-    predicted_us = quantize_us(frame) + predict_samples_us(weights, samples_from_frame("scaled_mm", frame))
-    return frame.assign(predicted_us=predicted_us, engine=frame["backend"].astype(str) + " " +
-                        frame["scaling"].astype(str))
+def layer_times(frame: pd.DataFrame, weights: MlpWeights, train: KernelSamples) -> pd.DataFrame:
+    """``frame``'s rows with each predictor's time of the whole layer, the modelled quantisation plus its scaled
+    MM (``<predictor>_us``; the baselines fitted on ``train``), and each row's engine and scaling (``engine``)."""
+    layers = samples_from_frame("scaled_mm", frame)
+    quantization_us = quantize_us(frame)
+    times = predictor_times_us(train, layers, predict_samples_us(weights, layers))
+    return frame.assign(engine=frame["backend"].astype(str) + " " + frame["scaling"].astype(str),
+                        **{f"{name}_us": quantization_us + times[name] for name in PREDICTORS})
 
 
 def report(title: str, frame: pd.DataFrame) -> None:
-    click.echo(f"{title}: {len(frame):,} rows, MAPE {mape(frame.predicted_us, frame.latency_us):.1f} %")
-    click.echo(f"{'GPU':<14} {'engine, scale':<14} {'rows':>5}  {'MAPE %':>6}  {'median predicted/measured':>25}")
+    """Each predictor's MAPE of the whole layers per GPU, then the MLP's per GPU and engine."""
+    click.echo(f"{title}: {len(frame):,} rows")
+    click.echo(f"{'GPU':<14} {'rows':>5}  " + "  ".join(f"{p + ' %':>10}" for p in PREDICTORS))
+    groups = [*frame.groupby("gpu", observed=True), *([("all", frame)] if frame["gpu"].nunique() > 1 else [])]
+    for gpu, part in groups:
+        click.echo(f"{gpu:<14} {len(part):>5}  " + "  ".join(
+            f"{mape(part[f'{p}_us'], part.latency_us):>10.1f}" for p in PREDICTORS))
+    click.echo(f"{'GPU':<14} {'engine, scale':<14} {'rows':>5}  {'mlp %':>6}  {'median predicted/measured':>25}")
     for (gpu, engine), part in frame.groupby(["gpu", "engine"], observed=True):
-        click.echo(f"{gpu:<14} {engine:<14} {len(part):>5}  {mape(part.predicted_us, part.latency_us):>6.1f}  "
-                   f"{np.median(part.predicted_us / part.latency_us):>25.2f}")
+        click.echo(f"{gpu:<14} {engine:<14} {len(part):>5}  {mape(part.mlp_us, part.latency_us):>6.1f}  "
+                   f"{np.median(part.mlp_us / part.latency_us):>25.2f}")
 
 
 @click.command()
@@ -59,18 +69,16 @@ def main(max_rows: int, seed: int, holdouts: tuple[str, ...], max_epochs: int | 
          lr_patience_epochs: int | None) -> None:
     frame = sample_frame(fp8_linear_rows(), max_rows, seed).reset_index(drop=True)
     test = split_by_shape(samples_from_frame("scaled_mm", frame).shape_id, seed).test
-    report(f"FP8 linear layers, held-out shapes of {len(test):,} sampled rows (seed {seed})",
-           layer_times(frame[test].reset_index(drop=True), shipped_weights()["scaled_mm"]))
-    if not holdouts:
-        return
     samples = load_samples("scaled_mm", max_rows=max_rows, seed=seed)
     split = split_by_shape(samples.shape_id, seed)
+    report(f"FP8 linear layers, held-out shapes of {len(test):,} sampled rows (seed {seed})",
+           layer_times(frame[test].reset_index(drop=True), shipped_weights()["scaled_mm"], samples.subset(~split.test)))
     config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
     for gpu_name in (get_gpu(h).name for h in holdouts):
         held = samples.gpu == gpu_name
         weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, config).weights
         rows = frame[frame["gpu"].astype(str) == gpu_name].reset_index(drop=True)
-        report(f"{gpu_name} left out, all its sampled layers", layer_times(rows, weights))
+        report(f"{gpu_name} left out, all its sampled layers", layer_times(rows, weights, samples.subset(~held)))
 
 
 if __name__ == "__main__":

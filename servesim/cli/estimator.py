@@ -113,17 +113,6 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     )
 
 
-def _predictions(train, test, mlp_us, predictors: tuple[str, ...]) -> dict:
-    """Every predictor's times for ``test``: the roofline, each baseline fitted on ``train``, and the MLP's."""
-    from servesim.estimator.baselines import BASELINES
-    from servesim.estimator.training import roofline_samples_us
-
-    out = {"roofline": roofline_samples_us(test)}
-    out.update({name: BASELINES[name](train, test) for name in predictors if name in BASELINES})
-    out["mlp"] = mlp_us
-    return out
-
-
 @click.command("kernels")
 @_category_option(multiple=True)
 @_data_options
@@ -144,15 +133,19 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     import time
 
     from servesim.errors import ServesimError
-    from servesim.estimator.baselines import BASELINES
     from servesim.estimator.datasets import load_samples, split_by_shape
     from servesim.estimator.mlp import shipped_weights
-    from servesim.estimator.training import mape_by_gpu, predict_samples_us, train_mlp
+    from servesim.estimator.training import (
+        PREDICTORS,
+        mape_by_gpu,
+        predict_samples_us,
+        predictor_times_us,
+        train_mlp,
+    )
     from servesim.hardware import get_gpu
 
     start = time.perf_counter()
     config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
-    predictors = ("roofline", *BASELINES, "mlp")
     held_gpus = tuple(get_gpu(h).name for h in holdouts)
     rows = []
     for category in categories:
@@ -163,7 +156,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
         samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
         split = split_by_shape(samples.shape_id, seed)
         seen = samples.subset(split.test)
-        predictions = _predictions(samples.subset(~split.test), seen, predict_samples_us(weights, seen), predictors)
+        predictions = predictor_times_us(samples.subset(~split.test), seen, predict_samples_us(weights, seen))
         rows += [{"category": category, "set": "seen GPU, held-out shapes", **r}
                  for r in mape_by_gpu(seen, predictions)]
         for gpu_name in held_gpus:
@@ -172,13 +165,13 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
                 continue
             result = train_mlp(samples, ~held & ~split.val, ~held & split.val, config)
             unseen = samples.subset(held)
-            predictions = _predictions(samples.subset(~held), unseen, predict_samples_us(result.weights, unseen),
-                                       predictors)
+            mlp_us = predict_samples_us(result.weights, unseen)
+            predictions = predictor_times_us(samples.subset(~held), unseen, mlp_us)
             rows += [{"category": category, "set": "unseen GPU", **r}
                      for r in mape_by_gpu(unseen, predictions) if r["gpu"] != "all"]
     columns = (Column("category", "category", align="<"), Column("set", "set", align="<"),
                Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
-               *(Column(p, f"{p} %", ".1f") for p in predictors))
+               *(Column(p, f"{p} %", ".1f") for p in PREDICTORS))
     notes = (
         "MAPE % of predicted vs measured kernel time. roofline: peak compute / DRAM bandwidth (L2's for what the "
         "timing loop left in L2); linear: least squares on GPU-level compute and DRAM time; neusight: tile waves x "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servesim.estimator.baselines import BASELINES
 from servesim.estimator.datasets import KernelSamples
 from servesim.estimator.inputs import input_names
 from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us, transform_inputs
@@ -175,6 +176,16 @@ def roofline_samples_us(samples: KernelSamples) -> np.ndarray:
     from servesim.estimator.roofline import roofline_us
 
     return roofline_us(samples.kernels, samples.gpu)
+
+
+#: The predictors ``servesim eval kernels`` scores, in its column order.
+PREDICTORS = ("roofline", *BASELINES, "mlp")
+
+
+def predictor_times_us(train: KernelSamples, test: KernelSamples, mlp_us: np.ndarray) -> dict[str, np.ndarray]:
+    """Every predictor's times for ``test``: the roofline, each baseline fitted on ``train``, and the MLP's."""
+    return {"roofline": roofline_samples_us(test), **{name: fit(train, test) for name, fit in BASELINES.items()},
+            "mlp": mlp_us}
 
 
 def mape_by_gpu(samples: KernelSamples, predictions_us: dict[str, np.ndarray]) -> list[dict[str, object]]:

@@ -7,7 +7,7 @@ kernels, of the seeds' spread (slowest prediction over fastest, minus one): what
 the uncertainty the network alone adds to a kernel time. A GPU that the networks saw in training is predicted alike
 by every seed; a GPU outside the training range is not. ``--spec-vector kept|dropped`` trains and predicts with or
 without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``scripts/ablate_spec_features.py`` does; by
-default the networks see what the shipped one does (``servesim.estimator.inputs.SPEC_FREE_CATEGORIES``). It also
+default the networks see what the shipped one does (``servesim.estimator.inputs.SPEC_INPUTS_LEFT_OUT``). It also
 scores each seed's network, and the seeds' geometric mean (what an ensemble of them would predict), on the sample's
 held-out shapes. ``--max-epochs``, ``--patience-epochs`` and ``--lr-patience-epochs`` set the training schedule
 as for ``servesim train``.
@@ -88,8 +88,11 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
                 continue
             predicted_us[spec.name].append(predict_us(weights, kernels, spec))
         click.echo(f"seed {seed}: trained in {time.perf_counter() - start:.0f} s", err=True)
-    click.echo(f"{category}: {len(kernels)} Llama-3-70B TP4 linears, {len(seeds)} seeds, {max_rows:,} sampled rows"
-               + (", with" if set(SPEC_FEATURES) <= set(names) else ", without") + " the spec vector")
+    left_out = [name for name in SPEC_FEATURES if name not in names]
+    spec_note = ("the whole spec vector" if len(left_out) == len(SPEC_FEATURES)
+                 else ", ".join(left_out) if left_out else "nothing of the spec vector")
+    click.echo(f"{category}: {len(kernels)} Llama-3-70B TP4 linears, {len(seeds)} seeds, {max_rows:,} sampled rows, "
+               f"without {spec_note}")
     click.echo("MAPE % on the sample's held-out shapes (every training GPU), per seed: "
                + ", ".join(f"{mape(p, test.measured_us):.2f}" for p in test_predicted_us)
                + f"; of the seeds' geometric mean: {mape(geometric_mean(test_predicted_us), test.measured_us):.2f}")

@@ -121,8 +121,8 @@ def test_a_feature_that_never_varied_in_training_keeps_its_training_value():
 
 def test_the_gemm_network_sees_the_gpu_through_its_features_not_its_spec_vector():
     """BF16 GEMM inputs leave the raw spec vector out (an unmeasured GPU's raw spec put its predictions where no
-    training row was); scaled MMs and attention keep it, and the shipped weights were trained on exactly these
-    inputs."""
+    training row was), scaled MMs its SM count and Tensor rate per SM (which put the L4, L20 and H20 there);
+    attention keeps it, and the shipped weights were trained on exactly these inputs."""
     from servesim.estimator.inputs import estimator_inputs
     from servesim.features import SPEC_FEATURES
 
@@ -132,7 +132,8 @@ def test_the_gemm_network_sees_the_gpu_through_its_features_not_its_spec_vector(
                "attn_decode": AttentionDecode(kv_lens=(2048,) * 8, num_heads=32, num_kv_heads=8, head_dim=128)}
     names = {category: estimator_inputs([kernel], gpu).names for category, kernel in kernels.items()}
     assert not set(SPEC_FEATURES) & set(names["gemm"]) and "theoretical_time_us" in names["gemm"]
-    assert set(SPEC_FEATURES) <= set(names["scaled_mm"]) and set(SPEC_FEATURES) <= set(names["attn_decode"])
+    assert set(SPEC_FEATURES) - set(names["scaled_mm"]) == {"spec_sm_count", "spec_tensor_per_sm_cycle"}
+    assert set(SPEC_FEATURES) <= set(names["attn_decode"])
     assert all(shipped_weights()[category].feature_names == names[category] for category in names)
 
 
@@ -167,21 +168,12 @@ def _fp8_gpu_names() -> list:
     return [name for name in gpu_names() if get_gpu(name).tensor_flops_per_sm_per_cycle.get("fp8")]
 
 
-#: GPUs whose FP8 prefill linears the shipped network predicts slower than BF16 ones: they lie outside the measured
-#: GPUs' range (docs/accuracy.md, "Retraining and GPUs nobody measured"); the test turns red when they are fixed.
-_FP8_SLOWER_THAN_BF16 = {
-    "L4": "58 SMs on 300 GB/s: fewer SMs and less bandwidth than any FP8 training GPU",
-    "L20": "92 SMs and an FP8 Tensor rate per SM of half any FP8 training GPU's: its o_proj comes out 4 % slower",
-}
-
-
-@pytest.mark.parametrize("gpu_name", [
-    pytest.param(name, marks=pytest.mark.xfail(reason=_FP8_SLOWER_THAN_BF16[name], strict=True))
-    if name in _FP8_SLOWER_THAN_BF16 else name for name in _fp8_gpu_names()])
+@pytest.mark.parametrize("gpu_name", _fp8_gpu_names())
 def test_fp8_prefill_linears_are_faster_than_bf16_ones(gpu_name):
     """Llama-3-70B's TP4 linears at 4,096 and 8,192 tokens, compute-bound on every GPU: in FP8 (vLLM's per-tensor
     CUTLASS kernel, twice the BF16 Tensor rate, half the bytes) they take less time than in BF16. An input set that
-    scored half a point better on measured GPUs once made the H20's FP8 prefill twice as slow as its BF16 one."""
+    scored half a point better on measured GPUs once made the H20's FP8 prefill twice as slow as its BF16 one, and
+    while the scaled-MM network saw the SM count and Tensor rate per SM, the L4's and the L20's were slower too."""
     from servesim.kernels.batch import BatchSpec, PrefillChunk
     from servesim.kernels.expand import expand
     from servesim.models import get_model

@@ -20,7 +20,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from servesim.estimator.datasets import LOCAL_SYSTEM, fp8_linear_rows, harness_quantize_kernels
-from servesim.estimator.roofline import RooflineEstimator, traffic_us, vllm_quant_stall_us
+from servesim.estimator.roofline import roofline_us, traffic_us, vllm_quant_stall_us
 from servesim.hardware import get_gpu
 from servesim.kernels.types import dtype_bytes
 
@@ -36,13 +36,12 @@ def matched_times(min_m: int) -> pd.DataFrame:
     rows = rows[(rows["system"].astype(str) != LOCAL_SYSTEM) & rows["library"].isin(SCALED_MM_LIBRARIES)
                 & (rows["m"] >= min_m)].reset_index(drop=True)
     quantize = harness_quantize_kernels(rows)
-    modelled = np.empty(len(rows))
+    modelled = roofline_us(quantize, rows["gpu"].astype(str).tolist())
     traffic = np.empty(len(rows))
     read = np.empty(len(rows))
     for gpu_name, at in rows.groupby("gpu", observed=True).indices.items():
         gpu = get_gpu(str(gpu_name))
         kernels = [quantize[i] for i in at]
-        modelled[at] = RooflineEstimator().predict_us(kernels, gpu)
         resident = np.array([q.l2_resident_fraction for q in kernels])
         traffic[at] = traffic_us(np.array([q.bytes_moved() for q in kernels]), resident, gpu)
         read[at] = traffic_us(np.array([q.rows * q.cols * dtype_bytes(q.in_dtype) for q in kernels]), resident, gpu)

@@ -25,6 +25,7 @@ import pandas as pd
 from servesim.errors import ServesimError
 from servesim.estimator.datasets import KernelSamples, split_by_shape
 from servesim.estimator.mlp import transform_inputs
+from servesim.estimator.roofline import roofline_us
 from servesim.features import SPEC_FEATURES
 
 #: Pipes that execute operations (the others move bytes).
@@ -322,8 +323,6 @@ def habitat_predict(train: KernelSamples, test: KernelSamples) -> HabitatPredict
     """Scale each test row's shape from the nearest training GPU (by :func:`spec_distance`; ties to the first
     GPU name) among those that measured the same shape (same ``shape_id``, mean over repeated measurements).
     Rows whose shape no training GPU measured get the roofline estimator's time and ``origin_gpu`` ""."""
-    from servesim.estimator.training import roofline_samples_us
-
     _check_pair(train, test)
     frame = pd.DataFrame({"gpu": train.gpu, "shape": train.shape_id, "measured_us": train.measured_us})
     table = frame.reset_index().groupby(["gpu", "shape"], sort=True).agg(
@@ -350,7 +349,7 @@ def habitat_predict(train: KernelSamples, test: KernelSamples) -> HabitatPredict
     predicted[scaled] = habitat_scale_us(origin_us[scaled], train, origin_row[scaled], test, scaled)
     fallback = origin_gpu == ""
     if fallback.any():
-        predicted[fallback] = roofline_samples_us(test.subset(fallback))
+        predicted[fallback] = roofline_us(test.subset(fallback).kernels, test.gpu[fallback])
     return HabitatPrediction(predicted_us=predicted, origin_gpu=origin_gpu)
 
 

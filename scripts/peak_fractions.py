@@ -2,7 +2,8 @@
 one of them: the Tensor peak for large GEMMs (m, n and k all at least 4,096) and the DRAM bandwidth for skinny
 ones whose timing loop cannot keep them in L2 (m <= 16 and the loop's six copies of the layer at least four times
 the L2). A GPU left out of training is predicted from the others' shares: where no trained GPU of its memory type
-reaches a share like its own, neither can the networks (docs/accuracy.md, "What the GDDR GPUs left out lack").
+reaches a share like its own, neither can the networks (docs/accuracy.md, "Why the misses": the L40S and RTX PRO
+6000 left out).
 
     python scripts/peak_fractions.py
 """
@@ -29,19 +30,18 @@ def bound_shares(category: str) -> pd.DataFrame:
     frame = frame[large | (frame["m"] <= SKINNY_M)].reset_index(drop=True)
     samples = samples_from_frame(category, frame)
     gpus = list(samples.gpu)
-    cold = harness_l2_fills(samples.kernels, gpus, HARNESS_COPIES[category]) >= COLD_FILLS
     specs = {name: get_gpu(name) for name in set(gpus)}
     dtype = "bf16" if category == "gemm" else "fp8"
     tensor_us = np.array([2.0 * k.m * k.n * k.k / (specs[g].tensor_tflops(dtype) * 1e6)
                           for k, g in zip(samples.kernels, gpus)])
     dram_us = np.array([k.bytes_moved() / (specs[g].dram_bandwidth_gbps * 1e3) for k, g in zip(samples.kernels, gpus)])
     large = (frame["m"] >= LARGE_DIM).to_numpy()
-    skinny = ~large & cold
+    cold = harness_l2_fills(samples.kernels, gpus, HARNESS_COPIES[category]) >= COLD_FILLS
+    keep = large | cold
     return pd.DataFrame({
-        "gpu": np.concatenate([samples.gpu[large], samples.gpu[skinny]]),
-        "bound": ["tensor"] * int(large.sum()) + ["dram"] * int(skinny.sum()),
-        "share": np.concatenate([tensor_us[large], dram_us[skinny]]) / np.concatenate(
-            [samples.measured_us[large], samples.measured_us[skinny]]),
+        "gpu": samples.gpu[keep],
+        "bound": np.where(large, "tensor", "dram")[keep],
+        "share": (np.where(large, tensor_us, dram_us) / samples.measured_us)[keep],
     })
 
 

@@ -35,7 +35,7 @@ def main() -> None:
         gpu = get_gpu(str(gpu_name))
         elems = part["m"].to_numpy(dtype=float) * part["k"].to_numpy(dtype=float)
         bytes_moved = 3.0 * elems  # BF16 in, FP8 out
-        fill = bytes_moved / (gpu.l2_cache_mib * 2**20)
+        fill = bytes_moved / gpu.l2_cache_bytes
         aware = np.maximum(traffic_us(bytes_moved, (fill <= 1.0).astype(float), gpu), MIN_KERNEL_US)
         cold = np.maximum(traffic_us(bytes_moved, 0.0, gpu), MIN_KERNEL_US)
         parts.append(part.assign(aware_us=aware, cold_us=cold, band=pd.cut(fill, BANDS)))

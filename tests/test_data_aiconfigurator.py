@@ -136,7 +136,7 @@ def test_fp8_conversion_rows_are_in_microseconds_and_no_faster_than_dram_beyond_
     for gpu_name, part in rows.groupby("gpu", observed=True):
         gpu = get_gpu(str(gpu_name))
         bytes_moved = 3.0 * part["m"] * part["k"]
-        big = bytes_moved > 4 * gpu.l2_cache_mib * 2**20
+        big = bytes_moved > 4 * gpu.l2_cache_bytes
         dram_us = bytes_moved[big] / (gpu.dram_bandwidth_gbps * 1e3)
         ratio = part["latency_us"][big] / dram_us
         assert big.sum() > 10 and ratio.min() >= 1.0 and ratio.median() < 2.0, (gpu_name, ratio.describe())

@@ -77,7 +77,7 @@ def test_measured_decode_rows_featurize_with_sane_efficiency():
     # theoretical / measured stays within a few x of 1 once backends and page sizes are mapped right
     assert np.quantile(samples.efficiency, 0.99) < 8 and np.median(samples.efficiency) > 0.01
     # aiconfigurator times one attention kernel again and again: it runs from L2 exactly when its traffic fits.
-    l2_bytes = np.array([get_gpu(g).l2_cache_mib * 2**20 for g in samples.gpu])
+    l2_bytes = np.array([get_gpu(g).l2_cache_bytes for g in samples.gpu])
     fits = np.array([k.bytes_moved() for k in samples.kernels]) <= l2_bytes
     assert 0 < fits.sum() < len(fits)
     assert [k.l2_resident_fraction for k in samples.kernels] == fits.astype(float).tolist()
@@ -181,7 +181,7 @@ def test_measured_gemm_rows_find_in_l2_what_the_timing_loop_left_there():
     frame = pd.concat([_fp8_rows().iloc[:1], _fp8_rows().iloc[:1].assign(m=8, n=1024, k=1024),
                        _fp8_rows().iloc[:1].assign(system="local")])
     kernels = samples_from_frame("scaled_mm", prepare_frame("scaled_mm", frame).frame).kernels
-    l2_bytes = get_gpu("H100-SXM").l2_cache_mib * 2**20
+    l2_bytes = get_gpu("H100-SXM").l2_cache_bytes
     big, small, ours = kernels
     assert 6 * small.bytes_moved() <= l2_bytes < 6 * big.bytes_moved() and big.bytes_moved() < l2_bytes
     assert (big.l2_resident_fraction, small.l2_resident_fraction) == (0.0, 1.0)

@@ -159,7 +159,7 @@ def harness_l2_fills(kernels: Sequence[Kernel], gpus: Sequence[str], copies: int
 
 def _l2_bytes(gpus: Sequence[str]) -> np.ndarray:
     """The L2 size in bytes of each row's GPU."""
-    sizes = {name: get_gpu(name).l2_cache_mib * 2**20 for name in set(gpus)}
+    sizes = {name: get_gpu(name).l2_cache_bytes for name in set(gpus)}
     return np.array([sizes[g] for g in gpus], dtype=float)
 
 

@@ -107,6 +107,10 @@ class GpuSpec:
         return int(self.memory_gib * 2**30)
 
     @property
+    def l2_cache_bytes(self) -> float:
+        return self.l2_cache_mib * 2**20
+
+    @property
     def has_nvlink(self) -> bool:
         return self.nvlink_unidir_bandwidth_gbps > 0
 

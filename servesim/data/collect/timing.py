@@ -60,7 +60,7 @@ class TimingSettings:
 
 def default_flush_bytes(gpu: GpuSpec | None) -> int:
     """Twice the catalogue GPU's L2; :data:`CPU_FLUSH_BYTES` without a GPU."""
-    return CPU_FLUSH_BYTES if gpu is None else int(L2_FLUSH_FACTOR * gpu.l2_cache_mib * 2**20)
+    return CPU_FLUSH_BYTES if gpu is None else int(L2_FLUSH_FACTOR * gpu.l2_cache_bytes)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from servesim.cli.output import Column, render_table
 from servesim.estimator.baselines import BASELINES, habitat_predict
 from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
 from servesim.estimator.mlp import MlpEstimator
-from servesim.estimator.training import TrainConfig, mape_by_gpu, predict_samples_us, roofline_samples_us, train_mlp
+from servesim.estimator.training import (PREDICTORS, TrainConfig, mape_by_gpu, predict_samples_us, roofline_samples_us,
+                                         train_mlp)
 from servesim.hardware import get_gpu
 
 
@@ -73,7 +74,7 @@ def main(category: str, max_rows: int, seed: int, holdouts: tuple[str, ...]) -> 
                                   predict_samples_us(mlp.weights, unseen), seconds) if r["gpu"] != "all"]
         train_rows.append(int((fit & ~held).sum()))
     columns = (Column("set", "set", align="<"), Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
-               *(Column(p, p, ".1f") for p in ("roofline", *BASELINES, "mlp")),
+               *(Column(p, p, ".1f") for p in PREDICTORS),
                Column("fallback", "habitat fallback rows", ","))
     click.echo(render_table(rows, columns, title=f"{category}: MAPE % of predicted kernel time vs measured "
                                                  f"({len(samples):,} sampled rows, seed {seed})"))

@@ -26,6 +26,7 @@ import numpy as np
 from servesim.decompose import PIPES
 from servesim.estimator.datasets import DataOptions, KernelSamples, load_samples, split_by_shape
 from servesim.estimator.inputs import input_names
+from servesim.estimator.mlp import MlpWeights
 from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
 from servesim.features import SPEC_FEATURES, FeatureMatrix
 from servesim.hardware import get_gpu
@@ -49,6 +50,15 @@ def with_relative_pipe_cycles(samples: KernelSamples) -> KernelSamples:
     relative = cycles / np.where(slowest > 0, slowest, 1.0)
     return replace(samples, features=FeatureMatrix((*features.names, *RELATIVE_PIPE_FEATURES),
                                                    np.hstack([features.values, relative])))
+
+
+def left_out_scores(weights: MlpWeights, unseen: KernelSamples, others: KernelSamples) -> str:
+    """The table columns of a leave-one-GPU-out training: MAPE % and mean bias % on the left-out GPU's rows
+    (``unseen``) and MAPE % on the other GPUs' held-out shapes (``others``)."""
+    predicted = predict_samples_us(weights, unseen)
+    bias = 100 * float(np.mean(predicted / unseen.measured_us - 1))
+    others_mape = mape(predict_samples_us(weights, others), others.measured_us)
+    return f"{mape(predicted, unseen.measured_us):>7.1f} {bias:>+7.1f} {others_mape:>9.1f}"
 
 
 def input_variants(samples: KernelSamples, ablate: str, dropped: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -97,12 +107,8 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
                 start = time.perf_counter()
                 weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed),
                                     names).weights
-                predicted = predict_samples_us(weights, unseen)
-                bias = 100 * float(np.mean(predicted / unseen.measured_us - 1))
-                others_mape = mape(predict_samples_us(weights, others), others.measured_us)
                 click.echo(f"{category:<10} {gpu_name:<14} {seed:>4}  {variant:<30} "
-                           f"{mape(predicted, unseen.measured_us):>7.1f} {bias:>+7.1f} {others_mape:>9.1f} "
-                           f"{time.perf_counter() - start:>8.0f}")
+                           f"{left_out_scores(weights, unseen, others)} {time.perf_counter() - start:>8.0f}")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,12 @@ from dataclasses import replace
 
 import click
 import numpy as np
+from ablate_spec_features import left_out_scores
 
 from servesim.decompose import PIPES
 from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
 from servesim.estimator.inputs import candidate_inputs
-from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.estimator.training import TrainConfig, train_mlp
 from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
 
@@ -100,12 +101,8 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
                 copies = np.ones(len(added), bool)
                 weights = train_mlp(trained_on, np.concatenate([train, copies]), np.concatenate([val, ~copies]),
                                     config).weights
-                predicted = predict_samples_us(weights, unseen)
-                bias = 100 * float(np.mean(predicted / unseen.measured_us - 1))
-                others_mape = mape(predict_samples_us(weights, others), others.measured_us)
                 click.echo(f"{category:<10} {gpu_name:<14} {seed:>4}  {variant:<12} {len(added):>6} "
-                           f"{mape(predicted, unseen.measured_us):>7.1f} {bias:>+7.1f} {others_mape:>9.1f} "
-                           f"{time.perf_counter() - start:>8.0f}")
+                           f"{left_out_scores(weights, unseen, others)} {time.perf_counter() - start:>8.0f}")
 
 
 if __name__ == "__main__":

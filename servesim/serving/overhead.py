@@ -58,7 +58,7 @@ _GRAPH_LAUNCH_US = 15.0
 HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
     {
         ("vllm", "0.11.0"): HostOverhead(
-            step_us=298.5, per_seq_us=13.787, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=287.2, per_seq_us=14.143, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
         ),
         ("sglang", "0.5.3"): HostOverhead(
             step_us=89.0, per_seq_us=23.118, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US

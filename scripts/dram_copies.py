@@ -90,7 +90,7 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
         train, val = ~held & ~split.val, ~held & split.val
         unseen, others = samples.subset(held), samples.subset(~held & split.test)
         rows, values = dram_copies(samples, train, factors, max_dram_share)
-        variants = {"shipped": (samples, np.empty(0, int)),
+        variants = {"no copies": (samples, np.empty(0, int)),
                     "duplicates": (appended(samples, rows, samples.features.values[rows]), rows),
                     "DRAM copies": (appended(samples, rows, values), rows)}
         for seed in seeds:

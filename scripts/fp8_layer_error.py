@@ -35,10 +35,10 @@ from servesim.estimator.training import PREDICTORS, mape, predict_samples_us, pr
 from servesim.hardware import get_gpu
 
 
-def layer_times(frame: pd.DataFrame, weights: MlpWeights, train: KernelSamples) -> pd.DataFrame:
+def layer_times(frame: pd.DataFrame, layers: KernelSamples, weights: MlpWeights, train: KernelSamples) -> pd.DataFrame:
     """``frame``'s rows with each predictor's time of the whole layer, the modelled quantisation plus its scaled
-    MM (``<predictor>_us``; the baselines fitted on ``train``), and each row's engine and scaling (``engine``)."""
-    layers = samples_from_frame("scaled_mm", frame)
+    MM (``<predictor>_us``, from ``layers``, the rows' samples; the baselines fitted on ``train``), and each row's
+    engine and scaling (``engine``)."""
     quantization_us = quantize_us(frame)
     times = predictor_times_us(train, layers, predict_samples_us(weights, layers))
     return frame.assign(engine=frame["backend"].astype(str) + " " + frame["scaling"].astype(str),
@@ -68,17 +68,20 @@ def report(title: str, frame: pd.DataFrame) -> None:
 def main(max_rows: int, seed: int, holdouts: tuple[str, ...], max_epochs: int | None, patience_epochs: int | None,
          lr_patience_epochs: int | None) -> None:
     frame = sample_frame(fp8_linear_rows(), max_rows, seed).reset_index(drop=True)
-    test = split_by_shape(samples_from_frame("scaled_mm", frame).shape_id, seed).test
+    layers = samples_from_frame("scaled_mm", frame)
+    test = split_by_shape(layers.shape_id, seed).test
     samples = load_samples("scaled_mm", max_rows=max_rows, seed=seed)
     split = split_by_shape(samples.shape_id, seed)
     report(f"FP8 linear layers, held-out shapes of {len(test):,} sampled rows (seed {seed})",
-           layer_times(frame[test].reset_index(drop=True), shipped_weights()["scaled_mm"], samples.subset(~split.test)))
+           layer_times(frame[test].reset_index(drop=True), layers.subset(test), shipped_weights()["scaled_mm"],
+                       samples.subset(~split.test)))
     config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
     for gpu_name in (get_gpu(h).name for h in holdouts):
         held = samples.gpu == gpu_name
         weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, config).weights
-        rows = frame[frame["gpu"].astype(str) == gpu_name].reset_index(drop=True)
-        report(f"{gpu_name} left out, all its sampled layers", layer_times(rows, weights, samples.subset(~held)))
+        rows = layers.gpu == gpu_name
+        report(f"{gpu_name} left out, all its sampled layers",
+               layer_times(frame[rows].reset_index(drop=True), layers.subset(rows), weights, samples.subset(~held)))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from servesim.estimator.baselines import BASELINES
 from servesim.estimator.datasets import KernelSamples
 from servesim.estimator.inputs import input_names
 from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us, transform_inputs
+from servesim.estimator.roofline import roofline_us
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,6 @@ def predict_samples_us(weights: MlpWeights, samples: KernelSamples) -> np.ndarra
 
 def roofline_samples_us(samples: KernelSamples) -> np.ndarray:
     """The roofline estimator's times for measured samples, GPU by GPU."""
-    from servesim.estimator.roofline import roofline_us
-
     return roofline_us(samples.kernels, samples.gpu)
 
 

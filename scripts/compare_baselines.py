@@ -18,6 +18,7 @@ import click
 import numpy as np
 
 from servesim.cli.output import Column, render_table
+from servesim.estimator.base import predict_per_gpu_us
 from servesim.estimator.baselines import BASELINES, habitat_predict
 from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
 from servesim.estimator.mlp import MlpEstimator
@@ -28,12 +29,7 @@ from servesim.hardware import get_gpu
 
 def shipped_mlp_us(samples: KernelSamples) -> np.ndarray:
     """The shipped MLP estimator's times, GPU by GPU (features recomputed, as at run time)."""
-    out = np.empty(len(samples))
-    estimator = MlpEstimator()
-    for gpu_name in np.unique(samples.gpu):
-        rows = np.flatnonzero(samples.gpu == gpu_name)
-        out[rows] = estimator.predict_us([samples.kernels[i] for i in rows], get_gpu(str(gpu_name)))
-    return out
+    return predict_per_gpu_us(MlpEstimator(), samples.kernels, samples.gpu)
 
 
 def score(label: str, train: KernelSamples, test: KernelSamples, mlp_us: np.ndarray,

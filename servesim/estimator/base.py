@@ -8,6 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from servesim.errors import ServesimError, suggest
+from servesim.hardware import get_gpu
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
@@ -24,6 +25,16 @@ class KernelEstimator(Protocol):
         """Catalogue names of the GPUs whose measured kernels it learned from, for one kernel category or (None)
         any; empty for an analytical estimator or category."""
         ...
+
+
+def predict_per_gpu_us(estimator: KernelEstimator, kernels: Sequence[Kernel], gpu_names: Sequence[str]) -> np.ndarray:
+    """``estimator``'s time of each of ``kernels`` on its own row's GPU (``gpu_names[i]``), one batch per GPU."""
+    names = np.asarray(gpu_names, dtype=str)
+    out = np.empty(len(kernels))
+    for gpu_name in np.unique(names):
+        rows = np.flatnonzero(names == gpu_name)
+        out[rows] = estimator.predict_us([kernels[i] for i in rows], get_gpu(str(gpu_name)))
+    return out
 
 
 def _roofline() -> KernelEstimator:

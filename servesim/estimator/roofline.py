@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from servesim.hardware import get_gpu
+from servesim.estimator.base import predict_per_gpu_us
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel, Quantize, dtype_bytes
 
@@ -100,9 +100,4 @@ class RooflineEstimator:
 
 def roofline_us(kernels: Sequence[Kernel], gpu_names: Sequence[str]) -> np.ndarray:
     """The roofline's time of each of ``kernels`` on its own row's GPU (``gpu_names[i]``), one batch per GPU."""
-    names = np.asarray(gpu_names, dtype=str)
-    out = np.empty(len(kernels))
-    for gpu_name in np.unique(names):
-        rows = np.flatnonzero(names == gpu_name)
-        out[rows] = RooflineEstimator().predict_us([kernels[i] for i in rows], get_gpu(str(gpu_name)))
-    return out
+    return predict_per_gpu_us(RooflineEstimator(), kernels, gpu_names)

@@ -1,8 +1,7 @@
 """Compare the kernel-time baselines (servesim/estimator/baselines.py) with the roofline and the MLP estimator.
 
-Seen GPUs: the baselines fit on the training and validation shapes of a seeded sample and predict its held-out
-test shapes (``split_by_shape``), scored against the shipped MLP (``MlpEstimator``), which never trained on those
-shapes. Each ``--holdout`` GPU: the baselines fit on the other GPUs' training and validation shapes and predict
+Seen GPUs: the baselines fit on the other shapes of a seeded sample and predict the shapes the shipped MLP
+(``MlpEstimator``) never trained on (``never_trained_on``), scored against it. Each ``--holdout`` GPU: the baselines fit on the other GPUs' training and validation shapes and predict
 every sampled row of the held-out GPU; the MLP is retrained the same way (``train_mlp``, same seed), as
 ``servesim eval kernels`` does. Prints MAPE (%) per GPU, the rows Habitat had to give the roofline (no training
 GPU measured their shape), and each baseline's fit + predict time.
@@ -21,9 +20,16 @@ from servesim.cli.output import Column, render_table
 from servesim.estimator.base import predict_per_gpu_us
 from servesim.estimator.baselines import BASELINES, habitat_predict
 from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
-from servesim.estimator.mlp import MlpEstimator
-from servesim.estimator.training import (PREDICTORS, TrainConfig, mape_by_gpu, predict_samples_us, roofline_samples_us,
-                                         train_mlp)
+from servesim.estimator.mlp import MlpEstimator, shipped_weights
+from servesim.estimator.training import (
+    PREDICTORS,
+    TrainConfig,
+    mape_by_gpu,
+    never_trained_on,
+    predict_samples_us,
+    roofline_samples_us,
+    train_mlp,
+)
 from servesim.hardware import get_gpu
 
 
@@ -59,9 +65,10 @@ def main(category: str, max_rows: int, seed: int, holdouts: tuple[str, ...]) -> 
     split = split_by_shape(samples.shape_id, seed)
     fit = split.train | split.val
     seconds: dict[str, list[float]] = {name: [] for name in BASELINES}
-    seen = samples.subset(split.test)
-    rows = score("seen GPU, held-out shapes", samples.subset(fit), seen, shipped_mlp_us(seen), seconds)
-    train_rows = [int(fit.sum())]
+    held_out = never_trained_on(shipped_weights()[category], samples.shape_id)
+    seen = samples.subset(held_out)
+    rows = score("seen GPU, held-out shapes", samples.subset(~held_out), seen, shipped_mlp_us(seen), seconds)
+    train_rows = [int((~held_out).sum())]
     for holdout in (get_gpu(h).name for h in holdouts):
         held = samples.gpu == holdout
         unseen = samples.subset(held)

@@ -6,7 +6,7 @@ The scaled-MM network's own MAPE (``servesim eval kernels``) is scored on its ta
 modelled quantisation, so it changes meaning whenever the quantisation's model does. This scores what a step
 time uses, on the same rows whatever the model: every aiconfigurator per-tensor and block FP8 row the scaled-MM
 category reads (the host-bound vLLM block path left out), a seeded sample of ``--max-rows``, and of those the
-shapes ``split_by_shape`` holds out (never trained on) with the shipped weights. Each ``--holdout`` GPU is scored
+shapes the shipped weights never trained on (``never_trained_on``) with them. Each ``--holdout`` GPU is scored
 on all its sampled rows with a network retrained without it, exactly as ``servesim eval kernels --holdout``
 retrains (the same sample of the category's rows, seed and schedule options).
 
@@ -31,7 +31,14 @@ from servesim.estimator.datasets import (
     split_by_shape,
 )
 from servesim.estimator.mlp import MlpWeights, shipped_weights
-from servesim.estimator.training import PREDICTORS, mape, predict_samples_us, predictor_times_us, train_mlp
+from servesim.estimator.training import (
+    PREDICTORS,
+    mape,
+    never_trained_on,
+    predict_samples_us,
+    predictor_times_us,
+    train_mlp,
+)
 from servesim.hardware import get_gpu
 
 
@@ -65,17 +72,17 @@ def report(title: str, frame: pd.DataFrame) -> None:
 @click.option("--holdout", "holdouts", multiple=True, metavar="GPU",
               help="Retrain without this GPU and score its whole layers (repeatable).")
 @schedule_options
-def main(max_rows: int, seed: int, holdouts: tuple[str, ...], max_epochs: int | None, patience_epochs: int | None,
-         lr_patience_epochs: int | None) -> None:
+def main(max_rows: int, seed: int, holdouts: tuple[str, ...], **schedule: int | None) -> None:
     frame = sample_frame(fp8_linear_rows(), max_rows, seed).reset_index(drop=True)
     layers = samples_from_frame("scaled_mm", frame)
-    test = split_by_shape(layers.shape_id, seed).test
+    shipped = shipped_weights()["scaled_mm"]
+    test = never_trained_on(shipped, layers.shape_id)
     samples = load_samples("scaled_mm", max_rows=max_rows, seed=seed)
     split = split_by_shape(samples.shape_id, seed)
     report(f"FP8 linear layers, held-out shapes of {len(test):,} sampled rows (seed {seed})",
-           layer_times(frame[test].reset_index(drop=True), layers.subset(test), shipped_weights()["scaled_mm"],
-                       samples.subset(~split.test)))
-    config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
+           layer_times(frame[test].reset_index(drop=True), layers.subset(test), shipped,
+                       samples.subset(~never_trained_on(shipped, samples.shape_id))))
+    config = train_config(seed, **schedule)
     for gpu_name in (get_gpu(h).name for h in holdouts):
         held = samples.gpu == gpu_name
         weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, config).weights

@@ -67,7 +67,7 @@ def geometric_mean(times_us: list[np.ndarray]) -> np.ndarray:
               help="Train and predict with the GPU's spec vector, without it, or as the shipped estimator does.")
 @schedule_options
 def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows: int, sample_seed: int,
-         spec_vector: str, max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None) -> None:
+         spec_vector: str, **schedule: int | None) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=sample_seed, options=DataOptions())
     names = (input_names(category, samples.features.names) if spec_vector == "shipped"
              else spec_variants(samples)[f"spec {spec_vector}"])
@@ -81,7 +81,7 @@ def main(category: str, seeds: tuple[int, ...], gpus: tuple[str, ...], max_rows:
     for seed in seeds:
         start = time.perf_counter()
         weights = train_mlp(samples, split.train, split.val,
-                            train_config(seed, max_epochs, patience_epochs, lr_patience_epochs), names).weights
+                            train_config(seed, **schedule), names).weights
         test_predicted_us.append(predict_samples_us(weights, test))
         for spec in specs:
             if category == "scaled_mm" and "fp8" not in spec.tensor_flops_per_sm_per_cycle:

@@ -269,6 +269,25 @@ def test_eval_kernels_scores_five_predictors_on_seen_and_left_out_gpus():
     assert short_table.loc[~seen, "mlp"].item() != table.loc[~seen, "mlp"].item()
 
 
+@needs_vidur
+def test_eval_kernels_scores_seen_gpus_on_shapes_the_shipped_weights_never_trained_on_whatever_the_seed():
+    """Another --seed draws another sample, but the seen rows must stay the shipped weights' own test shapes: the
+    test split of seed 1 is mostly shapes trained on under seed 0."""
+    from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
+    from servesim.estimator.mlp import shipped_weights
+
+    trained_seed = int(shipped_weights()["rope"].metadata["seed"])
+    samples = load_samples("rope", max_rows=1500, seed=trained_seed + 1, options=DataOptions(vidur_root=VIDUR))
+    never_seen = split_by_shape(samples.shape_id, trained_seed).test
+    other_split = split_by_shape(samples.shape_id, trained_seed + 1).test
+    assert never_seen.sum() != other_split.sum()
+    result = CliRunner().invoke(main, ["eval", "kernels", "--category", "rope", "--max-rows", "1500", "--vidur-root",
+                                       str(VIDUR), "--seed", str(trained_seed + 1), "--csv"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(pd.io.common.StringIO(result.output))
+    assert table.loc[table["gpu"] == "all", "rows"].item() == never_seen.sum()
+
+
 def _local_collection(directory: Path) -> Path:
     """A collection written through the collector's own writers: a scaled MM, a prefill and an RMSNorm row."""
     from servesim.data.collect import CATEGORIES

@@ -97,6 +97,27 @@ def test_training_is_deterministic_from_the_seed():
         np.testing.assert_array_equal(b1, b2)
 
 
+def test_min_epoch_rows_adds_passes_only_where_the_training_set_is_smaller():
+    """A leave-one-GPU-out retraining on a small sample can take as many optimiser steps per epoch as the shipped
+    training on every row, while a training set at least that large (the shipped weights') trains exactly as
+    before."""
+    pytest.importorskip("torch")
+    from servesim.estimator.datasets import load_samples
+    from servesim.estimator.training import TrainConfig, epoch_passes, train_mlp
+
+    assert (epoch_passes(29_000, 0), epoch_passes(29_000, 100_000), epoch_passes(600_000, 100_000)) == (1, 4, 1)
+    samples = load_samples("scaled_mm", max_rows=300, seed=3, gpus=("H100-SXM",))
+    split = split_by_shape(samples.shape_id, seed=3)
+    train_rows = int(split.train.sum())
+    config = TrainConfig(hidden=(16, 8, 4), max_epochs=2, seed=3)
+    default, as_large, smaller = (train_mlp(samples, split.train, split.val, replace(config, min_epoch_rows=rows))
+                                  for rows in (0, train_rows, train_rows + 1))
+    assert [r.weights.metadata["passes_per_epoch"] for r in (default, as_large, smaller)] == ["1", "1", "2"]
+    default_w, as_large_w, smaller_w = ([w for w, _ in r.weights.layers] for r in (default, as_large, smaller))
+    assert all(np.array_equal(a, b) for a, b in zip(default_w, as_large_w))
+    assert not all(np.array_equal(a, c) for a, c in zip(default_w, smaller_w))
+
+
 def test_a_feature_that_never_varied_in_training_keeps_its_training_value():
     """Trained on one GPU, every spec feature is constant; another GPU's spec values must not push the inputs ten
     orders of magnitude out (they did: their spread was a rounding residue), but count as the training GPU's."""

@@ -57,7 +57,8 @@ def _options(vidur_root: Path, extra_data: Path | None):
 
 
 def schedule_options(func):
-    """``--max-epochs``, ``--patience-epochs`` and ``--lr-patience-epochs``; unset, TrainConfig's defaults."""
+    """``--max-epochs``, ``--patience-epochs``, ``--lr-patience-epochs`` and ``--min-epoch-rows``; unset,
+    TrainConfig's defaults."""
     for name, help_text in reversed((
         ("--max-epochs", "Stop training after this many epochs if early stopping has not stopped it sooner "
                          "[default: 80]."),
@@ -65,18 +66,19 @@ def schedule_options(func):
                               "[default: 10]."),
         ("--lr-patience-epochs", "Halve the learning rate after this many epochs without a better validation MAPE "
                                  "[default: 3]."),
+        ("--min-epoch-rows", "Make each epoch as many reshuffled passes over the training rows as reach this many "
+                             "rows, so a small sample takes as many optimiser steps per epoch as a large one "
+                             "[default: one pass]."),
     )):
         func = click.option(name, type=click.IntRange(min=1), default=None, help=help_text)(func)
     return func
 
 
-def train_config(seed: int, max_epochs: int | None, patience_epochs: int | None,
-                 lr_patience_epochs: int | None) -> TrainConfig:
-    """A training configuration from :func:`schedule_options`' values (None: TrainConfig's default)."""
+def train_config(seed: int, **schedule: int | None) -> TrainConfig:
+    """A training configuration from :func:`schedule_options`' values, passed by their names (None: TrainConfig's
+    default)."""
     from servesim.estimator.training import TrainConfig
 
-    schedule = {"max_epochs": max_epochs, "patience_epochs": patience_epochs,
-                "lr_patience_epochs": lr_patience_epochs}
     return TrainConfig(seed=seed, **{name: value for name, value in schedule.items() if value is not None})
 
 
@@ -87,8 +89,7 @@ def train_config(seed: int, max_epochs: int | None, patience_epochs: int | None,
 @click.option("--output", type=OutputFile(), default=None,
               help="Where to write the weights (default: the shipped servesim/estimator/weights/<category>.npz).")
 def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, extra_data: Path | None,
-                  max_epochs: int | None, patience_epochs: int | None, lr_patience_epochs: int | None,
-                  output: Path | None) -> None:
+                  output: Path | None, **schedule: int | None) -> None:
     """Train one category's MLP on every measured GPU (training shapes only) and write its weights."""
     import time
 
@@ -100,7 +101,7 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
     loaded = time.perf_counter() - start
-    config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
+    config = train_config(seed, **schedule)
     result = train_mlp(samples, split.train, split.val, config)
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
@@ -121,12 +122,13 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
 @schedule_options
 @output_format_options
 def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, vidur_root: Path,
-                         extra_data: Path | None, holdouts: tuple[str, ...], max_epochs: int | None,
-                         patience_epochs: int | None, lr_patience_epochs: int | None, output_format: str) -> None:
+                         extra_data: Path | None, holdouts: tuple[str, ...], output_format: str,
+                         **schedule: int | None) -> None:
     """MAPE (%) of predicted kernel times per category and GPU for the roofline, the baselines (linear, NeuSight,
     Habitat) and the MLP.
 
-    Seen GPUs: the held-out test shapes, scored with the shipped weights; the baselines are fitted on the other
+    Seen GPUs: the shapes the shipped weights held out from their training (whatever --seed draws the sample),
+    scored with those weights; the baselines are fitted on the other
     shapes. Each --holdout GPU: the MLP retrained (same seed and settings) and the baselines fitted without any
     row of that GPU, scored on all its sampled rows.
     """
@@ -138,6 +140,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     from servesim.estimator.training import (
         PREDICTORS,
         mape_by_gpu,
+        never_trained_on,
         predict_samples_us,
         predictor_times_us,
         train_mlp,
@@ -145,7 +148,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     from servesim.hardware import get_gpu
 
     start = time.perf_counter()
-    config = train_config(seed, max_epochs, patience_epochs, lr_patience_epochs)
+    config = train_config(seed, **schedule)
     held_gpus = tuple(get_gpu(h).name for h in holdouts)
     rows = []
     for category in categories:
@@ -155,8 +158,9 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
                                 f"{category}")
         samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
         split = split_by_shape(samples.shape_id, seed)
-        seen = samples.subset(split.test)
-        predictions = predictor_times_us(samples.subset(~split.test), seen, predict_samples_us(weights, seen))
+        held_out = never_trained_on(weights, samples.shape_id)
+        seen = samples.subset(held_out)
+        predictions = predictor_times_us(samples.subset(~held_out), seen, predict_samples_us(weights, seen))
         rows += [{"category": category, "set": "seen GPU, held-out shapes", **r}
                  for r in mape_by_gpu(seen, predictions)]
         for gpu_name in held_gpus:
@@ -178,7 +182,8 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
         "roofline / learned utilisation; habitat: the same shape measured on the nearest training GPU, "
         "wave-scaled (roofline where no training GPU measured it, i.e. every held-out shape); mlp: (theoretical "
         "time + latency floor) / learned efficiency.",
-        f"{max_rows:,} sampled rows per category, seed {seed}; retrainings up to {config.max_epochs} epochs, "
+        f"{max_rows:,} sampled rows per category, seed {seed}; retrainings up to {config.max_epochs} epochs"
+        + (f" of at least {config.min_epoch_rows:,} rows" if config.min_epoch_rows else "") + ", "
         f"stopped after {config.patience_epochs} without a better validation MAPE; took "
         f"{time.perf_counter() - start:.0f} s.",
     )

@@ -40,13 +40,8 @@ def dram_share(features: FeatureMatrix) -> np.ndarray:
 
 def appended(samples: KernelSamples, rows: np.ndarray, values: np.ndarray) -> KernelSamples:
     """``samples`` followed by copies of its ``rows`` with feature ``values`` (measured times kept)."""
-    def extend(column: np.ndarray) -> np.ndarray:
-        return np.concatenate([column, column[rows]])
-
-    return KernelSamples(samples.category, samples.kernels + tuple(samples.kernels[i] for i in rows),
-                         extend(samples.gpu), extend(samples.shape_id),
-                         FeatureMatrix(samples.features.names, np.vstack([samples.features.values, values])),
-                         extend(samples.measured_us), extend(samples.group), extend(samples.kernel_source))
+    grown = samples.take(np.concatenate([np.arange(len(samples)), rows]))
+    return replace(grown, features=FeatureMatrix(samples.features.names, np.vstack([samples.features.values, values])))
 
 
 def dram_copies(samples: KernelSamples, train: np.ndarray, factors: Sequence[float],

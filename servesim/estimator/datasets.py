@@ -81,7 +81,10 @@ class KernelSamples:
         return self.theoretical_us / self.measured_us
 
     def subset(self, mask: np.ndarray) -> KernelSamples:
-        rows = np.flatnonzero(mask)
+        return self.take(np.flatnonzero(mask))
+
+    def take(self, rows: np.ndarray) -> KernelSamples:
+        """The samples at row indices ``rows``, in that order, repeats allowed."""
         return KernelSamples(
             category=self.category,
             kernels=tuple(self.kernels[i] for i in rows),

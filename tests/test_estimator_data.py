@@ -348,3 +348,12 @@ def test_the_category_help_names_every_category_with_data():
 def test_an_unknown_category_is_refused_with_the_nearest_name_before_any_work(command):
     result = CliRunner().invoke(main, [*command, "--category", "atn_decode"])
     assert result.exit_code == 2 and "Did you mean attn_decode?" in result.output
+
+
+@needs_vidur
+def test_holding_out_a_gpu_the_category_never_measured_is_an_error_not_an_empty_table():
+    result = CliRunner().invoke(main, ["eval", "kernels", "--category", "rope", "--max-rows", "500", "--vidur-root",
+                                       str(VIDUR), "--holdout", "H100", "--holdout", "L20"])
+    assert result.exit_code == 2
+    assert "--holdout L20: no rope rows measured on it" in result.output and "Traceback" not in result.output
+    assert "A100-SXM-80GB, H100-SXM" in result.output

@@ -157,6 +157,11 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
             raise ServesimError(f"no shipped weights for {category}; train them with servesim train --category "
                                 f"{category}")
         samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
+        unmeasured = [gpu_name for gpu_name in held_gpus if gpu_name not in set(samples.gpu)]
+        if unmeasured:
+            raise ServesimError(f"--holdout {', '.join(unmeasured)}: no {category} rows measured on it (measured: "
+                                f"{', '.join(sorted(set(samples.gpu)))}); hold out a measured GPU, or score "
+                                f"{category} in a command without it")
         split = split_by_shape(samples.shape_id, seed)
         held_out = never_trained_on(weights, samples.shape_id)
         seen = samples.subset(held_out)
@@ -165,8 +170,6 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
                  for r in mape_by_gpu(seen, predictions)]
         for gpu_name in held_gpus:
             held = samples.gpu == gpu_name
-            if not held.any():
-                continue
             result = train_mlp(samples, ~held & ~split.val, ~held & split.val, config)
             unseen = samples.subset(held)
             mlp_us = predict_samples_us(result.weights, unseen)

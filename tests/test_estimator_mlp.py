@@ -118,6 +118,21 @@ def test_min_epoch_rows_adds_passes_only_where_the_training_set_is_smaller():
     assert not all(np.array_equal(a, c) for a, c in zip(default_w, smaller_w))
 
 
+def test_training_reports_every_epoch_with_the_best_validation_mape_so_far():
+    pytest.importorskip("torch")
+    from servesim.estimator.datasets import load_samples
+    from servesim.estimator.training import TrainConfig, train_mlp
+
+    samples = load_samples("scaled_mm", max_rows=300, seed=3, gpus=("H100-SXM",))
+    split = split_by_shape(samples.shape_id, seed=3)
+    reports = []
+    result = train_mlp(samples, split.train, split.val, TrainConfig(hidden=(16, 8, 4), max_epochs=4, seed=3),
+                       on_epoch=lambda *report: reports.append(report))
+    assert [epoch for epoch, _, _ in reports] == list(range(1, result.epochs + 1))
+    assert [best for _, _, best in reports] == list(np.minimum.accumulate([mape for _, mape, _ in reports]))
+    assert reports[-1][2] == result.best_val_mape
+
+
 def test_a_feature_that_never_varied_in_training_keeps_its_training_value():
     """Trained on one GPU, every spec feature is constant; another GPU's spec values must not push the inputs ten
     orders of magnitude out (they did: their spread was a rounding residue), but count as the training GPU's."""

@@ -4,6 +4,8 @@ left out of training), and inspect the efficiency targets they learn."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,20 @@ _DATA_OPTIONS = (
     click.option("--extra-data", type=click.Path(file_okay=False, path_type=Path), default=None,
                  help="A folder of our own GPU collections (servesim collect) to add to the measured rows."),
 )
+
+
+def _terminal_status() -> Callable[[str], None]:
+    """A status line on stderr, each call overwriting the last and ``""`` clearing it, where stderr is a terminal;
+    elsewhere (a file, a pipe, a test) it writes nothing."""
+    if not sys.stderr.isatty():
+        return lambda line: None
+    return lambda line: click.echo(f"\r\033[K{line}", err=True, nl=False)
+
+
+def _epoch_status(show: Callable[[str], None], label: str) -> Callable[[int, float, float], None]:
+    """A ``train_mlp`` epoch callback that shows ``label`` with the epoch and validation MAPE."""
+    return lambda epoch, val_mape, best: show(f"{label}: epoch {epoch}, validation MAPE {val_mape:.2f} % "
+                                              f"(best {best:.2f} %)")
 
 
 def _data_options(func):
@@ -98,11 +114,14 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     from servesim.estimator.training import train_mlp
 
     start = time.perf_counter()
+    show = _terminal_status()
+    show(f"{category}: loading up to {max_rows:,} measured rows and computing their features")
     samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
     split = split_by_shape(samples.shape_id, seed)
     loaded = time.perf_counter() - start
     config = train_config(seed, **schedule)
-    result = train_mlp(samples, split.train, split.val, config)
+    result = train_mlp(samples, split.train, split.val, config, on_epoch=_epoch_status(show, f"training {category}"))
+    show("")
     path = output or WEIGHTS_DIR / f"{category}.npz"
     save_weights(result.weights, path)
     click.echo(
@@ -151,11 +170,13 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     config = train_config(seed, **schedule)
     held_gpus = tuple(get_gpu(h).name for h in holdouts)
     rows = []
+    show = _terminal_status()
     for category in categories:
         weights = shipped_weights().get(category)
         if weights is None:
             raise ServesimError(f"no shipped weights for {category}; train them with servesim train --category "
                                 f"{category}")
+        show(f"{category}: loading up to {max_rows:,} measured rows and computing their features")
         samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
         unmeasured = [gpu_name for gpu_name in held_gpus if gpu_name not in set(samples.gpu)]
         if unmeasured:
@@ -165,17 +186,23 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
         split = split_by_shape(samples.shape_id, seed)
         held_out = never_trained_on(weights, samples.shape_id)
         seen = samples.subset(held_out)
+        show(f"{category}: fitting the baselines and scoring the seen GPUs")
         predictions = predictor_times_us(samples.subset(~held_out), seen, predict_samples_us(weights, seen))
         rows += [{"category": category, "set": "seen GPU, held-out shapes", **r}
                  for r in mape_by_gpu(seen, predictions)]
-        for gpu_name in held_gpus:
+        for number, gpu_name in enumerate(held_gpus, 1):
             held = samples.gpu == gpu_name
-            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, config)
+            label = f"{category}: retraining without {gpu_name} ({number}/{len(held_gpus)})"
+            show(label)
+            result = train_mlp(samples, ~held & ~split.val, ~held & split.val, config,
+                               on_epoch=_epoch_status(show, label))
+            show(f"{category}: fitting the baselines without {gpu_name}")
             unseen = samples.subset(held)
             mlp_us = predict_samples_us(result.weights, unseen)
             predictions = predictor_times_us(samples.subset(~held), unseen, mlp_us)
             rows += [{"category": category, "set": "unseen GPU", **r}
                      for r in mape_by_gpu(unseen, predictions) if r["gpu"] != "all"]
+    show("")
     columns = (Column("category", "category", align="<"), Column("set", "set", align="<"),
                Column("gpu", "GPU", align="<"), Column("rows", "rows", ","),
                *(Column(p, f"{p} %", ".1f") for p in PREDICTORS))

@@ -10,7 +10,7 @@ imported only here.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,9 +109,11 @@ def export_weights(network, category: str, feature_names: tuple[str, ...], input
 
 
 def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray, config: TrainConfig = TrainConfig(),
-              inputs_used: Sequence[str] | None = None) -> TrainResult:
+              inputs_used: Sequence[str] | None = None,
+              on_epoch: Callable[[int, float, float], None] | None = None) -> TrainResult:
     """Train on the rows of ``train``, stop early on the MAPE of ``val``; deterministic for a given seed. The
-    network sees ``inputs_used`` of the samples' features, by default the category's (``inputs.input_names``)."""
+    network sees ``inputs_used`` of the samples' features, by default the category's (``inputs.input_names``).
+    ``on_epoch(epoch, validation MAPE %, best so far %)`` is called after each epoch (progress reporting)."""
     import torch
 
     start = time.perf_counter()
@@ -160,7 +162,9 @@ def train_mlp(samples: KernelSamples, train: np.ndarray, val: np.ndarray, config
         scheduler.step(val_mape)
         if val_mape < best[0]:
             best = (val_mape, epoch, {k: v.clone() for k, v in network.state_dict().items()})
-        elif epoch - best[1] >= config.patience_epochs:
+        if on_epoch is not None:
+            on_epoch(epoch, val_mape, best[0])
+        if epoch - best[1] >= config.patience_epochs:
             break
     network.load_state_dict(best[2])
     network.eval()

@@ -1,10 +1,11 @@
 """Compare the kernel-time baselines (servesim/estimator/baselines.py) with the roofline and the MLP estimator.
 
 Seen GPUs: the baselines fit on the other shapes of a seeded sample and predict the shapes the shipped MLP
-(``MlpEstimator``) never trained on (``never_trained_on``), scored against it. Each ``--holdout`` GPU: the baselines fit on the other GPUs' training and validation shapes and predict
-every sampled row of the held-out GPU; the MLP is retrained the same way (``train_mlp``, same seed), as
-``servesim eval kernels`` does. Prints MAPE (%) per GPU, the rows Habitat had to give the roofline (no training
-GPU measured their shape), and each baseline's fit + predict time.
+(``MlpEstimator``) never trained on (``never_trained_on``), scored against it. Each ``--holdout`` GPU: the
+baselines fit on the other GPUs' training and validation shapes and predict every sampled row of the held-out
+GPU; the MLP is retrained the same way (``train_mlp``, same seed), as ``servesim eval kernels`` does. Prints
+MAPE (%) per GPU, the rows Habitat had to give the roofline (no training GPU measured their shape), and each
+baseline's fit + predict time.
 
     .venv/bin/python scripts/compare_baselines.py --category gemm --max-rows 200000 --seed 0 [--holdout H200]
 """
@@ -19,7 +20,7 @@ import numpy as np
 from servesim.cli.output import Column, render_table
 from servesim.estimator.base import predict_per_gpu_us
 from servesim.estimator.baselines import BASELINES, habitat_predict
-from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
+from servesim.estimator.datasets import KernelSamples, load_samples, require_measured, split_by_shape
 from servesim.estimator.mlp import MlpEstimator, shipped_weights
 from servesim.estimator.training import (
     PREDICTORS,
@@ -69,7 +70,9 @@ def main(category: str, max_rows: int, seed: int, holdouts: tuple[str, ...]) -> 
     seen = samples.subset(held_out)
     rows = score("seen GPU, held-out shapes", samples.subset(~held_out), seen, shipped_mlp_us(seen), seconds)
     train_rows = [int((~held_out).sum())]
-    for holdout in (get_gpu(h).name for h in holdouts):
+    held_gpus = [get_gpu(h).name for h in holdouts]
+    require_measured(samples, held_gpus)
+    for holdout in held_gpus:
         held = samples.gpu == holdout
         unseen = samples.subset(held)
         mlp = train_mlp(samples, split.train & ~held, split.val & ~held, TrainConfig(seed=seed))

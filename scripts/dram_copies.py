@@ -25,7 +25,7 @@ import numpy as np
 from ablate_spec_features import left_out_scores
 
 from servesim.decompose import PIPES
-from servesim.estimator.datasets import KernelSamples, load_samples, split_by_shape
+from servesim.estimator.datasets import KernelSamples, load_samples, require_measured, split_by_shape
 from servesim.estimator.inputs import candidate_inputs
 from servesim.estimator.training import TrainConfig, train_mlp
 from servesim.features import FeatureMatrix
@@ -79,8 +79,10 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
          max_dram_share: float, max_epochs: int, patience_epochs: int, lr_patience_epochs: int) -> None:
     samples = load_samples(category, max_rows=max_rows, seed=0)
     split = split_by_shape(samples.shape_id, 0)
+    held_gpus = [get_gpu(g).name for g in gpus]
+    require_measured(samples, held_gpus)
     click.echo("category   GPU            seed  variant       added  MAPE %  bias %  others %  seconds")
-    for gpu_name in (get_gpu(g).name for g in gpus):
+    for gpu_name in held_gpus:
         held = samples.gpu == gpu_name
         train, val = ~held & ~split.val, ~held & split.val
         unseen, others = samples.subset(held), samples.subset(~held & split.test)

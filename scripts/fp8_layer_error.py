@@ -26,6 +26,7 @@ from servesim.estimator.datasets import (
     fp8_linear_rows,
     load_samples,
     quantize_us,
+    require_measured,
     sample_frame,
     samples_from_frame,
     split_by_shape,
@@ -83,7 +84,9 @@ def main(max_rows: int, seed: int, holdouts: tuple[str, ...], **schedule: int | 
            layer_times(frame[test].reset_index(drop=True), layers.subset(test), shipped,
                        samples.subset(~never_trained_on(shipped, samples.shape_id))))
     config = train_config(seed, **schedule)
-    for gpu_name in (get_gpu(h).name for h in holdouts):
+    held_gpus = [get_gpu(h).name for h in holdouts]
+    require_measured(samples, held_gpus)
+    for gpu_name in held_gpus:
         held = samples.gpu == gpu_name
         weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, config).weights
         rows = layers.gpu == gpu_name

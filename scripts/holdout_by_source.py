@@ -16,7 +16,14 @@ import click
 import numpy as np
 import pandas as pd
 
-from servesim.estimator.datasets import DataOptions, category_frame, sample_frame, samples_from_frame, split_by_shape
+from servesim.estimator.datasets import (
+    DataOptions,
+    category_frame,
+    require_measured,
+    sample_frame,
+    samples_from_frame,
+    split_by_shape,
+)
 from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
 from servesim.hardware import get_gpu
 
@@ -41,6 +48,7 @@ def main(category: str, holdout: str, sibling: str, max_rows: int, seed: int) ->
     holdout, sibling = get_gpu(holdout).name, get_gpu(sibling).name
     frame = category_frame(category, DataOptions()).frame
     samples = samples_from_frame(category, sample_frame(frame, max_rows, seed))
+    require_measured(samples, [holdout, sibling])
     split = split_by_shape(samples.shape_id, seed)
     held = samples.gpu == holdout
     weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed)).weights

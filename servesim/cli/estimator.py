@@ -154,7 +154,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     import time
 
     from servesim.errors import ServesimError
-    from servesim.estimator.datasets import load_samples, split_by_shape
+    from servesim.estimator.datasets import load_samples, require_measured, split_by_shape
     from servesim.estimator.mlp import shipped_weights
     from servesim.estimator.training import (
         PREDICTORS,
@@ -178,11 +178,7 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
                                 f"{category}")
         show(f"{category}: loading up to {max_rows:,} measured rows and computing their features")
         samples = load_samples(category, max_rows=max_rows, seed=seed, options=_options(vidur_root, extra_data))
-        unmeasured = [gpu_name for gpu_name in held_gpus if gpu_name not in set(samples.gpu)]
-        if unmeasured:
-            raise ServesimError(f"--holdout {', '.join(unmeasured)}: no {category} rows measured on it (measured: "
-                                f"{', '.join(sorted(set(samples.gpu)))}); hold out a measured GPU, or score "
-                                f"{category} in a command without it")
+        require_measured(samples, held_gpus)
         split = split_by_shape(samples.shape_id, seed)
         held_out = never_trained_on(weights, samples.shape_id)
         seen = samples.subset(held_out)

@@ -97,6 +97,16 @@ class KernelSamples:
         )
 
 
+def require_measured(samples: KernelSamples, gpu_names: Sequence[str]) -> None:
+    """Refuse to hold out a GPU with no rows in the samples, which would score nothing without a word."""
+    measured = set(samples.gpu)
+    unmeasured = [gpu_name for gpu_name in gpu_names if gpu_name not in measured]
+    if unmeasured:
+        raise ServesimError(f"--holdout {', '.join(unmeasured)}: no {samples.category} rows measured on it "
+                            f"(measured: {', '.join(sorted(measured))}); hold out a measured GPU, or score "
+                            f"{samples.category} without it")
+
+
 @dataclass(frozen=True)
 class ShapeSplit:
     """Boolean row masks of a split by shape."""

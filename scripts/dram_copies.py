@@ -80,7 +80,7 @@ def main(category: str, gpus: tuple[str, ...], seeds: tuple[int, ...], max_rows:
     samples = load_samples(category, max_rows=max_rows, seed=0)
     split = split_by_shape(samples.shape_id, 0)
     held_gpus = [get_gpu(g).name for g in gpus]
-    require_measured(samples, held_gpus)
+    require_measured(samples, held_gpus, option="--gpu")
     click.echo("category   GPU            seed  variant       added  MAPE %  bias %  others %  seconds")
     for gpu_name in held_gpus:
         held = samples.gpu == gpu_name

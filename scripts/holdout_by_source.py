@@ -48,7 +48,8 @@ def main(category: str, holdout: str, sibling: str, max_rows: int, seed: int) ->
     holdout, sibling = get_gpu(holdout).name, get_gpu(sibling).name
     frame = category_frame(category, DataOptions()).frame
     samples = samples_from_frame(category, sample_frame(frame, max_rows, seed))
-    require_measured(samples, [holdout, sibling])
+    require_measured(samples, [holdout])
+    require_measured(samples, [sibling], option="--sibling")
     split = split_by_shape(samples.shape_id, seed)
     held = samples.gpu == holdout
     weights = train_mlp(samples, ~held & ~split.val, ~held & split.val, TrainConfig(seed=seed)).weights

@@ -19,6 +19,7 @@ from servesim.estimator.datasets import (
     load_samples,
     prepare_frame,
     samples_from_frame,
+    split_by_shape,
 )
 from servesim.estimator.roofline import RooflineEstimator
 from servesim.features import kernel_features
@@ -273,7 +274,6 @@ def test_eval_kernels_scores_five_predictors_on_seen_and_left_out_gpus():
 def test_eval_kernels_scores_seen_gpus_on_shapes_the_shipped_weights_never_trained_on_whatever_the_seed():
     """Another --seed draws another sample, but the seen rows must stay the shipped weights' own test shapes: the
     test split of seed 1 is mostly shapes trained on under seed 0."""
-    from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
     from servesim.estimator.mlp import shipped_weights
 
     trained_seed = int(shipped_weights()["rope"].metadata["seed"])

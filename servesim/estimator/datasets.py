@@ -97,13 +97,14 @@ class KernelSamples:
         )
 
 
-def require_measured(samples: KernelSamples, gpu_names: Sequence[str]) -> None:
-    """Refuse to hold out a GPU with no rows in the samples, which would score nothing without a word."""
+def require_measured(samples: KernelSamples, gpu_names: Sequence[str], option: str = "--holdout") -> None:
+    """Refuse GPUs given by ``option`` with no rows in the samples: a GPU held out without rows would score
+    nothing without a word."""
     measured = set(samples.gpu)
     unmeasured = [gpu_name for gpu_name in gpu_names if gpu_name not in measured]
     if unmeasured:
-        raise ServesimError(f"--holdout {', '.join(unmeasured)}: no {samples.category} rows measured on it "
-                            f"(measured: {', '.join(sorted(measured))}); hold out a measured GPU, or score "
+        raise ServesimError(f"{option} {', '.join(unmeasured)}: no {samples.category} rows measured on it "
+                            f"(measured: {', '.join(sorted(measured))}); choose a measured GPU, or score "
                             f"{samples.category} without it")
 
 

@@ -20,6 +20,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from servesim.estimator import get_estimator
 from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
@@ -120,8 +122,10 @@ def at_load(workload: Workload, mode: str, load: float) -> Workload:
 def unloaded_workload(workload: Workload) -> Workload:
     """The first :data:`UNLOADED_REQUESTS` requests, one at a time."""
     n = min(len(workload), UNLOADED_REQUESTS)
+    prefixes = None if workload.prefixes is None else workload.prefixes.take(np.arange(n))
     return Workload(workload.name, workload.prompt_tokens[:n], workload.output_tokens[:n], workload.arrival_s[:n] * 0,
-                    arrival_mode="closed", concurrency=1, seed=workload.seed, arrival_process="burst")
+                    arrival_mode="closed", concurrency=1, seed=workload.seed, arrival_process="burst",
+                    prefixes=prefixes)
 
 
 def stop_rules(slos: tuple[Slo, ...], workload: Workload) -> tuple[StopRule, ...]:

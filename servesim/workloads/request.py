@@ -8,6 +8,8 @@ from typing import Literal
 
 import numpy as np
 
+from servesim.workloads.prefix import PromptSegments
+
 ArrivalMode = Literal["open", "closed"]
 
 
@@ -39,6 +41,9 @@ class Workload:
       of ``arrival_s[i]`` and the moment a client becomes free; for a pure closed loop every ``arrival_s`` is 0.
 
     ``arrival_process`` names what produced the arrival times (``poisson``, ``gamma``, ``burst``, ``trace``).
+
+    ``prefixes`` says which prompts share leading tokens (:mod:`servesim.workloads.prefix`); None means every
+    prompt is its own text, so a prefix cache never hits.
     """
 
     name: str
@@ -49,6 +54,7 @@ class Workload:
     concurrency: int | None = None
     seed: int | None = None
     arrival_process: str = "given"
+    prefixes: PromptSegments | None = None
 
     def __post_init__(self) -> None:
         prompt = _frozen_array(self.prompt_tokens, np.int64)
@@ -66,6 +72,9 @@ class Workload:
             raise ValueError("an open workload has no concurrency limit; use arrival_mode='closed'")
         if self.arrival_mode == "closed" and (self.concurrency is None or self.concurrency < 1):
             raise ValueError("a closed workload needs concurrency >= 1")
+        if self.prefixes is not None and (len(self.prefixes) != len(prompt)
+                                          or not np.array_equal(self.prefixes.prompt_tokens(), prompt)):
+            raise ValueError("prefixes must give every request's prompt as segments adding up to its prompt_tokens")
         object.__setattr__(self, "prompt_tokens", prompt)
         object.__setattr__(self, "output_tokens", output)
         object.__setattr__(self, "arrival_s", arrival)
@@ -94,6 +103,7 @@ class Workload:
             and np.array_equal(self.prompt_tokens, other.prompt_tokens)
             and np.array_equal(self.output_tokens, other.output_tokens)
             and np.array_equal(self.arrival_s, other.arrival_s)
+            and self.prefixes == other.prefixes
         )
 
     __hash__ = None  # holds arrays

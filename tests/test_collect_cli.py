@@ -13,9 +13,9 @@ from click.testing import CliRunner
 torch = pytest.importorskip("torch")
 
 from servesim.cli.collect import collect_group  # noqa: E402
-from servesim.data.collect import CATEGORIES, load_collection  # noqa: E402
-from servesim.data.collect.ops import rms_norm_native, rope_neox, silu_and_mul  # noqa: E402
-from servesim.data.collect.timing import TimingSettings, make_flush, time_on_cpu  # noqa: E402
+from servesim.collect import CATEGORIES, load_collection  # noqa: E402
+from servesim.collect.ops import rms_norm_native, rope_neox, silu_and_mul  # noqa: E402
+from servesim.collect.timing import TimingSettings, make_flush, time_on_cpu  # noqa: E402
 from servesim.errors import ServesimError  # noqa: E402
 
 torch.set_num_threads(1)

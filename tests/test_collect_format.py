@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servesim.data.collect import CATEGORIES, load_collection
-from servesim.data.collect.launches import LAUNCH_COLUMNS, check_grids, grid_agreement, kernel_launches
-from servesim.data.collect.run import Device, gpu_for_device_name, open_manifest
-from servesim.data.collect.schema import MANIFEST_FILE, make_shape, shape_kernel
-from servesim.data.collect.store import append_rows, measured_keys, source_name, write_manifest
+from servesim.collect import CATEGORIES, load_collection
+from servesim.collect.launches import LAUNCH_COLUMNS, check_grids, grid_agreement, kernel_launches
+from servesim.collect.run import Device, gpu_for_device_name, open_manifest
+from servesim.collect.schema import MANIFEST_FILE, make_shape, shape_kernel
+from servesim.collect.store import append_rows, measured_keys, source_name, write_manifest
 from servesim.decompose import decompose
 from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
@@ -224,7 +224,7 @@ def test_kernel_launches_keep_the_profilers_cuda_kernels_with_their_grids() -> N
 
 
 def test_importing_the_cli_and_the_reader_imports_no_torch() -> None:
-    code = ("import sys, servesim.cli, servesim.data.collect, servesim.data.collect.run, "
-            "servesim.data.collect.launches; print('torch' in sys.modules)")
+    code = ("import sys, servesim.cli, servesim.collect, servesim.collect.run, "
+            "servesim.collect.launches; print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

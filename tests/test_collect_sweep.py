@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from servesim.data.collect.schema import CATEGORIES, make_shape, parse_shape, shape_kernel
-from servesim.data.collect.sweep import (
+from servesim.collect.schema import CATEGORIES, make_shape, parse_shape, shape_kernel
+from servesim.collect.sweep import (
     MAX_DECODE_KV_TOKENS,
     MAX_PREFILL_TOKENS,
     grid_sweep,

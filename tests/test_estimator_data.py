@@ -290,10 +290,10 @@ def test_eval_kernels_scores_seen_gpus_on_shapes_the_shipped_weights_never_train
 
 def _local_collection(directory: Path) -> Path:
     """A collection written through the collector's own writers: a scaled MM, a prefill and an RMSNorm row."""
-    from servesim.data.collect import CATEGORIES
-    from servesim.data.collect.run import Device, open_manifest
-    from servesim.data.collect.schema import make_shape
-    from servesim.data.collect.store import append_rows, source_name, write_manifest
+    from servesim.collect import CATEGORIES
+    from servesim.collect.run import Device, open_manifest
+    from servesim.collect.schema import make_shape
+    from servesim.collect.store import append_rows, source_name, write_manifest
 
     device = Device("cuda", "NVIDIA H100 80GB HBM3", get_gpu("H100-SXM"), "device name", "9.0", "2.13.0", "12.8")
     directory.mkdir(parents=True)
@@ -315,7 +315,7 @@ def _local_collection(directory: Path) -> Path:
 
 
 def test_our_own_collections_map_through_the_collectors_implementations(tmp_path):
-    from servesim.data.collect import load_collection
+    from servesim.collect import load_collection
 
     directory = _local_collection(tmp_path / "h100")
     mm = prepare_frame("scaled_mm", load_collection(directory, "scaled_mm")).frame

@@ -11,7 +11,7 @@ import click
 
 from servesim.cli.output import Column, emit, output_format_options
 
-#: Grid axes (servesim.data.collect.sweep.ALL_AXES) as CLI options, in order.
+#: Grid axes (servesim.collect.sweep.ALL_AXES) as CLI options, in order.
 _AXIS_HELP = {
     "m": "GEMM rows (tokens), comma-separated.",
     "n": "GEMM output features.",
@@ -115,8 +115,8 @@ def collect_group(ctx: click.Context, out: Path | None, device: str, gpu_name: s
     """
     if ctx.invoked_subcommand is not None:
         return
-    from servesim.data.collect.schema import CATEGORIES, get_schema
-    from servesim.data.collect.sweep import plan_shapes, sweeps_from_options
+    from servesim.collect.schema import CATEGORIES, get_schema
+    from servesim.collect.sweep import plan_shapes, sweeps_from_options
     from servesim.errors import ServesimError
 
     chosen = tuple(get_schema(c).name for c in dict.fromkeys(categories))
@@ -127,8 +127,8 @@ def collect_group(ctx: click.Context, out: Path | None, device: str, gpu_name: s
         raise ServesimError(f"--flush-mib must be 0 or more, not {flush_mib:g}")
     if time_budget_s is not None and not time_budget_s > 0:
         raise ServesimError(f"--time-budget-s must be positive, not {time_budget_s:g}")
-    from servesim.data.collect.run import gpu_option
-    from servesim.data.collect.timing import TimingSettings
+    from servesim.collect.run import gpu_option
+    from servesim.collect.timing import TimingSettings
 
     gpu = gpu_option(gpu_name) if gpu_name else None
     timing = TimingSettings(warmup=warmup, repetitions=repetitions, method=timing_method, graph_launches=graph_launches)
@@ -145,7 +145,7 @@ def collect_group(ctx: click.Context, out: Path | None, device: str, gpu_name: s
         return
     if out is None:
         raise ServesimError("--out is required: the folder the CSVs and manifest.json are written to")
-    from servesim.data.collect.run import CollectRequest, collect
+    from servesim.collect.run import CollectRequest, collect
 
     request = CollectRequest(
         out=out, device=device, gpu=gpu, shapes=tuple(shapes), sweeps=tuple(s.describe() for s in sweeps),
@@ -175,7 +175,7 @@ def collect_group(ctx: click.Context, out: Path | None, device: str, gpu_name: s
 def check_grids_command(directory: Path, per_shape: bool, output_format: str) -> None:
     """Compare the CUDA launch grids a collection recorded (launches.csv) with servesim.decompose's CTA counts
     for the same shapes: each shape's longest kernel against the decomposer's largest launch."""
-    from servesim.data.collect.launches import check_grids, grid_agreement
+    from servesim.collect.launches import check_grids, grid_agreement
 
     checked = check_grids(directory)
     if per_shape:

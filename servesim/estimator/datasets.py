@@ -329,7 +329,7 @@ _COLLECTED_PAGE_SIZE = 16
 
 
 def _collected_backend(collection: str, kernel_source: str) -> str:
-    from servesim.data.collect.implementations import by_kernel_source
+    from servesim.collect.implementations import by_kernel_source
 
     implementation = by_kernel_source(collection, kernel_source)
     if implementation is None or not implementation.attention_backend:
@@ -545,9 +545,9 @@ def read_rows(category: str, options: DataOptions = DataOptions()) -> pd.DataFra
     if options.extra_data is None or source.collection is None:
         return frame
     try:
-        from servesim.data.collect import load_collection
+        from servesim.collect import load_collection
     except ImportError:
-        raise ServesimError("--extra-data needs servesim.data.collect, which this servesim lacks") from None
+        raise ServesimError("--extra-data needs servesim.collect, which this servesim lacks") from None
     local = load_collection(options.extra_data, source.collection).assign(system=LOCAL_SYSTEM)
     return pd.concat([frame, local], ignore_index=True)
 

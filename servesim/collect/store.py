@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesim.data.aiconfigurator import tidy
-from servesim.data.collect.schema import (
+from servesim.collect.schema import (
     CPU_LABEL,
     FORMAT_VERSION,
     MANIFEST_FILE,

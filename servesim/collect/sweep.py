@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servesim.data.collect.schema import CATEGORIES, Shape, get_schema, make_shape
+from servesim.collect.schema import CATEGORIES, Shape, get_schema, make_shape
 from servesim.errors import ServesimError, suggest
 
 #: Sweep axes per category (CLI ``--seq-len`` is axis ``seq_len``). ``heads`` takes ``H/KV`` pairs.

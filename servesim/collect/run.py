@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from servesim import __version__
-from servesim.data.collect.implementations import Implementation, select
-from servesim.data.collect.launches import LAUNCH_COLUMNS, launch_rows
-from servesim.data.collect.schema import (
+from servesim.collect.implementations import Implementation, select
+from servesim.collect.launches import LAUNCH_COLUMNS, launch_rows
+from servesim.collect.schema import (
     BACKEND,
     CATEGORIES,
     CPU_LABEL,
@@ -27,8 +27,8 @@ from servesim.data.collect.schema import (
     SYSTEM,
     Shape,
 )
-from servesim.data.collect.store import append_rows, measured_keys, read_manifest, source_name, write_manifest
-from servesim.data.collect.timing import TimingSettings, Timing, default_flush_bytes, make_flush, time_op
+from servesim.collect.store import append_rows, measured_keys, read_manifest, source_name, write_manifest
+from servesim.collect.timing import TimingSettings, Timing, default_flush_bytes, make_flush, time_op
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec, get_gpu
 
@@ -175,7 +175,7 @@ def _plan(shapes: tuple[Shape, ...], impls: dict[str, tuple[Implementation, ...]
           directory: Path) -> tuple[list[tuple[Shape, Implementation]], Counter, Counter]:
     """The (shape, implementation) pairs to measure, leaving out those already in the files (counted as
     ``already``) and those whose implementation cannot run here (counted as skipped with the reason)."""
-    from servesim.data.collect.ops import unavailable_reason
+    from servesim.collect.ops import unavailable_reason
 
     unavailable = {(i.category, i.name): unavailable_reason(i, device) for pool in impls.values() for i in pool}
     done = {c: measured_keys(directory, CATEGORIES[c]) for c in impls}
@@ -196,8 +196,8 @@ def _plan(shapes: tuple[Shape, ...], impls: dict[str, tuple[Implementation, ...]
 
 def _measure(impl: Implementation, shape: Shape, device: Device, settings: TimingSettings, flush,
              record_launches: bool) -> tuple[Timing, list]:
-    from servesim.data.collect.launches import profile_launches
-    from servesim.data.collect.ops import build
+    from servesim.collect.launches import profile_launches
+    from servesim.collect.ops import build
 
     op = build(impl, shape, device.kind)
     timing = time_op(op, device.kind, settings, flush)
@@ -207,7 +207,7 @@ def _measure(impl: Implementation, shape: Shape, device: Device, settings: Timin
 
 def _failure_reason(exc: Exception) -> str:
     """A one-line reason for a shape that could not be measured (recorded, then the run goes on)."""
-    from servesim.data.collect.ops import Unsupported
+    from servesim.collect.ops import Unsupported
 
     if isinstance(exc, Unsupported):
         return str(exc)

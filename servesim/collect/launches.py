@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesim.data.collect.implementations import by_kernel_source
-from servesim.data.collect.schema import LAUNCHES_FILE, parse_shape, shape_kernel
-from servesim.data.collect.store import numeric_column, read_checked_csv, read_manifest
+from servesim.collect.implementations import by_kernel_source
+from servesim.collect.schema import LAUNCHES_FILE, parse_shape, shape_kernel
+from servesim.collect.store import numeric_column, read_checked_csv, read_manifest
 from servesim.errors import ServesimError
 
 

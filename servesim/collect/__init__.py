@@ -4,7 +4,7 @@ tidy CSVs in the aiconfigurator loaders' columns, and read such directories back
 Importing this package does not import torch: only ``run``, ``ops`` and ``timing`` use it, on the run path.
 """
 
-from servesim.data.collect.schema import CATEGORIES, CategorySchema, Shape
-from servesim.data.collect.store import load_collection, read_manifest
+from servesim.collect.schema import CATEGORIES, CategorySchema, Shape
+from servesim.collect.store import load_collection, read_manifest
 
 __all__ = ["CATEGORIES", "CategorySchema", "Shape", "load_collection", "read_manifest"]

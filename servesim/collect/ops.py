@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from servesim.data.collect.implementations import Implementation
-from servesim.data.collect.schema import Shape
+from servesim.collect.implementations import Implementation
+from servesim.collect.schema import Shape
 
 Op = Callable[[], object]
 _BF16 = torch.bfloat16

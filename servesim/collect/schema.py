@@ -62,7 +62,7 @@ class CategorySchema:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """The columns :func:`servesim.data.collect.load_collection` returns, as the aiconfigurator loaders do."""
+        """The columns :func:`servesim.collect.load_collection` returns, as the aiconfigurator loaders do."""
         return (*ID_COLUMNS, *self.key_columns, "latency_us", "source")
 
     @property

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from servesim.errors import ServesimError
-from servesim.estimator.baselines import (
+from servesim.training.baselines import (
     BASELINES,
     aggregate_times_us,
     habitat_predict,
@@ -17,8 +17,8 @@ from servesim.estimator.baselines import (
     neusight_fit_predict,
     wave_roofline_cycles,
 )
-from servesim.estimator.datasets import load_samples, samples_from_frame, split_by_shape
-from servesim.estimator.training import mape, roofline_samples_us
+from servesim.training.datasets import load_samples, samples_from_frame, split_by_shape
+from servesim.training.train import mape, roofline_samples_us
 from servesim.hardware import get_gpu
 from servesim.kernels.types import Gemm
 

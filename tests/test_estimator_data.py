@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from servesim.cli import main
 from servesim.errors import ServesimError
-from servesim.estimator.datasets import (
+from servesim.training.datasets import (
     SOURCES,
     DataOptions,
     harness_quantize_kernels,
@@ -329,7 +329,7 @@ def test_our_own_collections_map_through_the_collectors_implementations(tmp_path
 
 @needs_vidur
 def test_extra_data_adds_local_rows_to_a_category(tmp_path):
-    from servesim.estimator.datasets import read_rows
+    from servesim.training.datasets import read_rows
 
     options = DataOptions(vidur_root=VIDUR, extra_data=_local_collection(tmp_path / "h100"))
     frame = read_rows("rmsnorm", options)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from servesim.estimator.datasets import split_by_shape
+from servesim.training.datasets import split_by_shape
 from servesim.estimator.mlp import (
     MlpEstimator,
     forward_efficiency,
@@ -22,7 +22,7 @@ from servesim.kernels.types import AttentionDecode, Gemm, RMSNorm, ScaledMM, Sil
 
 def test_numpy_forward_equals_torch_with_batch_norm_folded(tmp_path):
     torch = pytest.importorskip("torch")
-    from servesim.estimator.training import TrainConfig, _network, export_weights
+    from servesim.training.train import TrainConfig, _network, export_weights
 
     torch.manual_seed(1)
     config = TrainConfig(hidden=(16, 8, 4))
@@ -72,8 +72,8 @@ def test_efficiency_within_the_output_range():
 
 
 def test_shipped_weights_beat_the_roofline_on_held_out_shapes():
-    from servesim.estimator.datasets import load_samples
-    from servesim.estimator.training import mape, predict_samples_us, roofline_samples_us
+    from servesim.training.datasets import load_samples
+    from servesim.training.train import mape, predict_samples_us, roofline_samples_us
 
     weights = shipped_weights()["gemm"]
     samples = load_samples("gemm", max_rows=3000, seed=5)
@@ -85,8 +85,8 @@ def test_shipped_weights_beat_the_roofline_on_held_out_shapes():
 
 def test_training_is_deterministic_from_the_seed():
     pytest.importorskip("torch")
-    from servesim.estimator.datasets import load_samples
-    from servesim.estimator.training import TrainConfig, train_mlp
+    from servesim.training.datasets import load_samples
+    from servesim.training.train import TrainConfig, train_mlp
 
     samples = load_samples("scaled_mm", max_rows=300, seed=3, gpus=("H100-SXM",))
     split = split_by_shape(samples.shape_id, seed=3)
@@ -102,8 +102,8 @@ def test_min_epoch_rows_adds_passes_only_where_the_training_set_is_smaller():
     training on every row, while a training set at least that large (the shipped weights') trains exactly as
     before."""
     pytest.importorskip("torch")
-    from servesim.estimator.datasets import load_samples
-    from servesim.estimator.training import TrainConfig, epoch_passes, train_mlp
+    from servesim.training.datasets import load_samples
+    from servesim.training.train import TrainConfig, epoch_passes, train_mlp
 
     assert (epoch_passes(29_000, 0), epoch_passes(29_000, 100_000), epoch_passes(600_000, 100_000)) == (1, 4, 1)
     samples = load_samples("scaled_mm", max_rows=300, seed=3, gpus=("H100-SXM",))
@@ -120,8 +120,8 @@ def test_min_epoch_rows_adds_passes_only_where_the_training_set_is_smaller():
 
 def test_training_reports_every_epoch_with_the_best_validation_mape_so_far():
     pytest.importorskip("torch")
-    from servesim.estimator.datasets import load_samples
-    from servesim.estimator.training import TrainConfig, train_mlp
+    from servesim.training.datasets import load_samples
+    from servesim.training.train import TrainConfig, train_mlp
 
     samples = load_samples("scaled_mm", max_rows=300, seed=3, gpus=("H100-SXM",))
     split = split_by_shape(samples.shape_id, seed=3)
@@ -137,8 +137,8 @@ def test_a_feature_that_never_varied_in_training_keeps_its_training_value():
     """Trained on one GPU, every spec feature is constant; another GPU's spec values must not push the inputs ten
     orders of magnitude out (they did: their spread was a rounding residue), but count as the training GPU's."""
     pytest.importorskip("torch")
-    from servesim.estimator.datasets import load_samples
-    from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+    from servesim.training.datasets import load_samples
+    from servesim.training.train import TrainConfig, mape, predict_samples_us, train_mlp
     from servesim.features import SPEC_FEATURES
 
     samples = load_samples("gemm", max_rows=300, seed=3, gpus=("H100-SXM",))
@@ -266,7 +266,7 @@ def test_split_by_shape_keeps_a_shape_on_one_side():
 
 
 def test_every_measured_category_ships_weights_with_a_latency_floor():
-    from servesim.estimator.datasets import SOURCES
+    from servesim.training.datasets import SOURCES
 
     weights = shipped_weights()
     assert set(SOURCES) <= set(weights)

@@ -15,7 +15,7 @@ from servesim.cli.output import Column, emit, output_format_options
 from servesim.cli.params import SEED, OutputFile
 
 if TYPE_CHECKING:
-    from servesim.estimator.training import TrainConfig
+    from servesim.training.train import TrainConfig
 
 _DATA_OPTIONS = (
     click.option("--max-rows", type=click.IntRange(min=1), default=200_000, show_default=True,
@@ -52,7 +52,7 @@ def _data_options(func):
 
 def _known_categories(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...]):
     """Each ``--category`` must have measured data (servesim's one-line error suggests the nearest name)."""
-    from servesim.estimator.datasets import category_source
+    from servesim.training.datasets import category_source
 
     for category in (value,) if isinstance(value, str) else value:
         category_source(category)
@@ -67,7 +67,7 @@ def _category_option(multiple: bool):
 
 
 def _options(vidur_root: Path, extra_data: Path | None):
-    from servesim.estimator.datasets import DataOptions
+    from servesim.training.datasets import DataOptions
 
     return DataOptions(vidur_root=vidur_root, extra_data=extra_data)
 
@@ -93,7 +93,7 @@ def schedule_options(func):
 def train_config(seed: int, **schedule: int | None) -> TrainConfig:
     """A training configuration from :func:`schedule_options`' values, passed by their names (None: TrainConfig's
     default)."""
-    from servesim.estimator.training import TrainConfig
+    from servesim.training.train import TrainConfig
 
     return TrainConfig(seed=seed, **{name: value for name, value in schedule.items() if value is not None})
 
@@ -109,9 +109,9 @@ def train_command(category: str, max_rows: int, seed: int, vidur_root: Path, ext
     """Train one category's MLP on every measured GPU (training shapes only) and write its weights."""
     import time
 
-    from servesim.estimator.datasets import load_samples, split_by_shape
+    from servesim.training.datasets import load_samples, split_by_shape
     from servesim.estimator.mlp import WEIGHTS_DIR, save_weights
-    from servesim.estimator.training import train_mlp
+    from servesim.training.train import train_mlp
 
     start = time.perf_counter()
     show = _terminal_status()
@@ -154,9 +154,9 @@ def eval_kernels_command(categories: tuple[str, ...], max_rows: int, seed: int, 
     import time
 
     from servesim.errors import ServesimError
-    from servesim.estimator.datasets import load_samples, require_measured, split_by_shape
+    from servesim.training.datasets import load_samples, require_measured, split_by_shape
     from servesim.estimator.mlp import shipped_weights
-    from servesim.estimator.training import (
+    from servesim.training.train import (
         PREDICTORS,
         mape_by_gpu,
         never_trained_on,
@@ -227,7 +227,7 @@ def eval_efficiency_command(categories: tuple[str, ...], max_rows: int, seed: in
     import numpy as np
     import pandas as pd
 
-    from servesim.estimator.datasets import category_frame, sample_frame, samples_from_frame
+    from servesim.training.datasets import category_frame, sample_frame, samples_from_frame
 
     rows = []
     for category in categories:

@@ -11,7 +11,7 @@ written once, weights included. Neither says anything about time.
 GEMM-family, attention and quantisation kernels also say how much of that traffic L2 already holds when they
 start (``l2_resident_fraction``): none in serving, where a layer's weights and KV cache were evicted by every other
 layer's since its last use, but a measured kernel timed in a loop whose working set fits in L2 finds all of it
-there (servesim/estimator/datasets.py).
+there (servesim/training/datasets.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.errors import ServesimError
-from servesim.estimator.datasets import KernelSamples, split_by_shape
+from servesim.training.datasets import KernelSamples, split_by_shape
 from servesim.estimator.mlp import transform_inputs
 from servesim.estimator.roofline import roofline_us
 from servesim.features import SPEC_FEATURES

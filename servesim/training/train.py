@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.estimator.baselines import BASELINES
-from servesim.estimator.datasets import KernelSamples, split_by_shape
+from servesim.training.baselines import BASELINES
+from servesim.training.datasets import KernelSamples, split_by_shape
 from servesim.estimator.inputs import input_names
 from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us, transform_inputs
 from servesim.estimator.roofline import roofline_us

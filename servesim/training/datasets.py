@@ -266,7 +266,7 @@ def _fp8_linears(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     unknown = sorted(set(_sources(frame)[~local]) - set(SCALED_MM_LIBRARY_OF_SOURCE))
     if unknown:
         raise ServesimError(f"unknown FP8 kernel source(s) {', '.join(unknown)}; map them in "
-                            "servesim.estimator.datasets.SCALED_MM_LIBRARY_OF_SOURCE")
+                            "servesim.training.datasets.SCALED_MM_LIBRARY_OF_SOURCE")
     return frame.assign(library=np.where(local, "cublaslt", _sources(frame).map(SCALED_MM_LIBRARY_OF_SOURCE)))
 
 
@@ -348,7 +348,7 @@ def _prepare_attention(collection: str) -> Callable[[pd.DataFrame, dict[str, int
         if unknown:
             raise ServesimError(
                 f"unknown attention kernel source(s) {', '.join(unknown)}; map them in "
-                "servesim.estimator.datasets.ATTENTION_BACKENDS"
+                "servesim.training.datasets.ATTENTION_BACKENDS"
             )
         frame = _drop(frame, ~_sources(frame).isin(UNMODELLED_ATTENTION),
                       "Triton or FA4 attention (no kernel model)", dropped)

@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from servesim.comm import allreduce_implementation, collective_time_us, topology_of
-from servesim.comm.evaluate import seen_errors
 from servesim.comm.measurements import ENGINE_CODES, load_table, prediction_releases, release_number
 from servesim.comm.systems import HARNESSES, MEASURED_SYSTEMS
 from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
+from servesim.training.comm_eval import seen_errors
 
 MIB = 1024 * 1024
 SIZES = 2.0 ** np.arange(8, 31)
@@ -185,3 +185,39 @@ def test_curve_smoothing_is_the_least_squares_isotonic_fit():
         fitted = _isotonic_increasing(values)
         assert np.all(np.diff(fitted) >= 0)
         np.testing.assert_allclose(fitted, isotonic_regression(values, increasing=True))
+
+
+def test_shipped_forests_match_the_table_and_a_refit() -> None:
+    """comm_forests.npz is stamped with the shipped table's digest and reproduces a fresh fit exactly (else rerun
+    tools/fit_comm_forests.py)."""
+    from servesim.comm.model import FORESTS_FILE, MODEL_VERSION, default_model
+    from servesim.training.comm_forest import fit_model
+
+    table = load_table()
+    with np.load(FORESTS_FILE) as data:
+        assert (str(data["digest"]), str(data["model_version"])) == (table.digest, MODEL_VERSION)
+    shipped, refit = default_model(), fit_model(table)
+    assert shipped.forests.keys() == refit.forests.keys()
+    for harness, forest in refit.forests.items():
+        fitted, loaded = forest.arrays(), shipped.forests[harness].arrays()
+        assert all(np.array_equal(fitted[name], loaded[name]) for name in fitted), harness
+
+
+def test_stale_forests_are_an_error_naming_the_tool(tmp_path) -> None:
+    from servesim.comm.model import FORESTS_FILE, load_forests
+
+    with np.load(FORESTS_FILE) as data:
+        arrays = dict(data)
+    arrays["digest"] = np.array("0" * 16)
+    np.savez(tmp_path / "stale.npz", **arrays)
+    with pytest.raises(ServesimError, match="tools/fit_comm_forests.py"):
+        load_forests(tmp_path / "stale.npz", load_table())
+    with pytest.raises(ServesimError, match="tools/fit_comm_forests.py"):
+        load_forests(tmp_path / "missing.npz", load_table())
+
+
+def test_cli_breakdowns_are_the_evaluations() -> None:
+    from servesim.cli.comm import _BREAKDOWNS
+    from servesim.training.comm_eval import BREAKDOWNS
+
+    assert _BREAKDOWNS == BREAKDOWNS

@@ -8,9 +8,10 @@ from __future__ import annotations
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
-from servesim.comm.evaluate import BREAKDOWNS
 
 _IMPLEMENTATIONS = ("auto", "nccl", "custom_graph", "custom_eager")
+#: :data:`servesim.training.comm_eval.BREAKDOWNS`, written out so that the CLI does not import the lab package.
+_BREAKDOWNS = ("collective", "gpus", "size")
 
 
 @click.group("kernel")
@@ -70,7 +71,7 @@ _collective_command("sendrecv", "send_recv", "Time one point-to-point send/recv 
 @eval_group.command("comm")
 @click.option("--no-unseen", is_flag=True, help="Skip leave-one-system-out (one fit per system).")
 @click.option("--summary", is_flag=True, help="Only one row per system.")
-@click.option("--by", type=click.Choice(BREAKDOWNS), default="collective", show_default=True,
+@click.option("--by", type=click.Choice(_BREAKDOWNS), default="collective", show_default=True,
               help="Split each system's rows by collective, by group size or by message-size band.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the cross-validation folds and the forests.")
@@ -78,7 +79,7 @@ _collective_command("sendrecv", "send_recv", "Time one point-to-point send/recv 
 def eval_comm(no_unseen: bool, summary: bool, by: str, seed: int, output_format: str) -> None:
     """MAPE of the communication model per system and collective: seen (five-fold cross-validation) and unseen
     (leave one system out), on each system's newest engine release."""
-    from servesim.comm.evaluate import evaluate
+    from servesim.training.comm_eval import evaluate
 
     rows = evaluate(unseen=not no_unseen, seed=seed, by=by)
     if summary:

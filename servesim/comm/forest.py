@@ -1,24 +1,15 @@
-"""A random forest stored as plain arrays: fitted with scikit-learn, evaluated with numpy, saved as ``.npz``.
+"""A random forest stored as plain arrays: fitted with scikit-learn (:mod:`servesim.training.comm_forest`, the
+``train`` extra), evaluated here with numpy alone, shipped as ``.npz``.
 
-Exporting the trees keeps the cache free of pickles and loadable whatever scikit-learn version is installed.
+Exporting the trees keeps the shipped file free of pickles and loadable whatever scikit-learn version is installed,
+or none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-
-#: Forest settings: small enough to fit in a few seconds on one core. Every tree sees every row and grows until
-#: its leaves are single rows, so a measured point is reproduced and the trees differ only in the features each
-#: split may use: a configuration's size sweep is sparse (about 20 points), and a bootstrap sample would drop a
-#: third of it from each tree.
-N_TREES = 48
-MIN_SAMPLES_LEAF = 1
-MAX_FEATURES = 0.7
-BOOTSTRAP = False
-
 
 @dataclass(frozen=True, eq=False)
 class PortableForest:
@@ -43,38 +34,34 @@ class PortableForest:
             node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
         return self.value[node].mean(axis=1)
 
-    def save(self, path: Path) -> None:
-        np.savez_compressed(path, roots=self.roots, feature=self.feature, threshold=self.threshold, left=self.left,
-                            right=self.right, value=self.value)
+    def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """Compact arrays to save (keys start with ``prefix``): the split feature per node (-1 at leaves, int8),
+        then per inner node its threshold and its children as offsets from its own index, and per leaf its value.
+        Inner-node values and leaf thresholds are never read, and offsets compress far better than indices."""
+        inner = self.left >= 0
+        index = np.arange(len(self.left))
+        return {
+            f"{prefix}roots": self.roots,
+            f"{prefix}feature": np.where(inner, self.feature, -1).astype(np.int8),
+            f"{prefix}threshold": self.threshold[inner],
+            f"{prefix}left": (self.left - index)[inner].astype(np.int32),
+            f"{prefix}right": (self.right - index)[inner].astype(np.int32),
+            f"{prefix}value": self.value[~inner],
+        }
 
     @classmethod
-    def load(cls, path: Path) -> "PortableForest":
-        with np.load(path, allow_pickle=False) as data:
-            return cls(**{name: data[name] for name in data.files})
-
-
-def fit_forest(features: np.ndarray, target: np.ndarray, seed: int = 0) -> PortableForest:
-    from sklearn.ensemble import RandomForestRegressor
-
-    forest = RandomForestRegressor(n_estimators=N_TREES, min_samples_leaf=MIN_SAMPLES_LEAF, max_features=MAX_FEATURES,
-                                   random_state=seed, n_jobs=1, bootstrap=BOOTSTRAP).fit(features, target)
-    roots, feature, threshold, left, right, value = [], [], [], [], [], []
-    offset = 0
-    for estimator in forest.estimators_:
-        tree = estimator.tree_
-        roots.append(offset)
-        feature.append(tree.feature)
-        threshold.append(tree.threshold)
-        leaf = tree.children_left < 0
-        left.append(np.where(leaf, -1, tree.children_left + offset))
-        right.append(np.where(leaf, -1, tree.children_right + offset))
-        value.append(tree.value[:, 0, 0])
-        offset += tree.node_count
-    return PortableForest(
-        roots=np.array(roots, dtype=np.int64),
-        feature=np.concatenate(feature).astype(np.int64),
-        threshold=np.concatenate(threshold),
-        left=np.concatenate(left).astype(np.int64),
-        right=np.concatenate(right).astype(np.int64),
-        value=np.concatenate(value),
-    )
+    def from_arrays(cls, data, prefix: str = "") -> "PortableForest":
+        """The forest :meth:`arrays` wrote, from any mapping of its keys (a loaded ``.npz``)."""
+        feature = np.asarray(data[f"{prefix}feature"]).astype(np.int64)
+        inner = feature >= 0
+        index = np.arange(len(feature))
+        left = np.full(len(feature), -1, dtype=np.int64)
+        right = left.copy()
+        left[inner] = index[inner] + data[f"{prefix}left"]
+        right[inner] = index[inner] + data[f"{prefix}right"]
+        threshold = np.zeros(len(feature))
+        threshold[inner] = data[f"{prefix}threshold"]
+        value = np.zeros(len(feature))
+        value[~inner] = data[f"{prefix}value"]
+        return cls(roots=np.asarray(data[f"{prefix}roots"], dtype=np.int64), feature=feature, threshold=threshold,
+                   left=left, right=right, value=value)

@@ -16,28 +16,31 @@ The Python-timed forest learns from Vidur's rows alone and predicts only them. E
 over a fixed grid of message sizes, made non-decreasing and interpolated in log-log space: latency never falls
 as messages grow.
 
-The forests are fitted on first use from the shipped measurement table and cached as plain arrays under the user
-cache directory, keyed by the table's digest and :data:`MODEL_VERSION`.
+The forests are fitted with scikit-learn by ``tools/fit_comm_forests.py`` (the ``train`` extra) and shipped as plain
+arrays in :data:`FORESTS_FILE`, stamped with the measurement table's digest and :data:`MODEL_VERSION`: predicting
+needs numpy only.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from servesim.comm.analytical import IMPLEMENTATIONS, LAUNCH_US, OPS, alpha_beta_us, analytical_time_us
-from servesim.comm.forest import PortableForest, fit_forest
+from servesim.comm.forest import PortableForest
 from servesim.comm.measurements import ENGINE_CODES, MeasurementTable, load_table, prediction_releases
 from servesim.comm.systems import HARNESSES, MEASURED_SYSTEMS
 from servesim.comm.topology import GroupTopology, group_topology
+from servesim.errors import ServesimError
 
-#: Bump when features, targets or forest settings change: it invalidates cached forests.
+#: Bump when features, targets or forest settings change: the shipped forests must then be refitted.
 MODEL_VERSION = "comm-3"
+#: The fitted forests, one per timing harness, that :func:`default_model` loads (``tools/fit_comm_forests.py``
+#: rewrites it).
+FORESTS_FILE = Path(__file__).with_name("comm_forests.npz")
 #: Message-size grid of the prediction curves: 2^6 B to 2^32 B in quarter octaves.
 GRID_LOG2_BYTES = np.arange(6.0, 32.0 + 1e-9, 0.25)
 #: Triangular weights over ±half an octave of the grid, applied to the forest's correction along a curve. The
@@ -193,46 +196,34 @@ def _smooth(correction: np.ndarray) -> np.ndarray:
     return np.convolve(padded, SMOOTHING_WEIGHTS, mode="valid")
 
 
-def fit_model(table: MeasurementTable, seed: int = 0) -> CommModel:
-    forests = {harness: fit_forest(x, y, seed) for harness, (x, y) in training_arrays(table).items()}
-    return CommModel(forests, prediction_releases(table))
+def forests_arrays(forests: dict[str, PortableForest], digest: str) -> dict[str, np.ndarray]:
+    """Arrays of :data:`FORESTS_FILE`: each harness's forest (keys prefixed ``h<harness index>_``), stamped with
+    the digest of the table they were fitted on and :data:`MODEL_VERSION`."""
+    arrays = {"digest": np.array(digest), "model_version": np.array(MODEL_VERSION)}
+    for harness, forest in forests.items():
+        arrays.update(forest.arrays(f"h{HARNESSES.index(harness)}_"))
+    return arrays
 
 
-def cache_dir() -> Path:
-    """``$SERVESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesim``, else ``~/.cache/servesim``."""
-    if os.environ.get("SERVESIM_CACHE_DIR"):
-        return Path(os.environ["SERVESIM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "servesim"
-
-
-def _store(forest: PortableForest, path: Path) -> None:
-    """Write atomically; an unwritable cache only costs a refit next time."""
+def load_forests(path: Path, table: MeasurementTable) -> dict[str, PortableForest]:
+    """The forests in ``path`` for every harness measured in ``table``; an error when they were fitted on another
+    table or model version."""
+    harnesses = sorted({MEASURED_SYSTEMS[name].harness for name in table.systems}, key=HARNESSES.index)
+    rebuild = "rebuild it with 'python tools/fit_comm_forests.py' (needs the train extra)"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
-            forest.save(handle)
-        os.replace(handle.name, path)
-    except OSError:
-        pass
-
-
-def _cache_path(digest: str, harness: str) -> Path:
-    return cache_dir() / f"comm-forest-{MODEL_VERSION}-{digest}-h{HARNESSES.index(harness)}.npz"
+        with np.load(path, allow_pickle=False) as data:
+            stamp = (str(data["digest"]), str(data["model_version"]))
+            if stamp != (table.digest, MODEL_VERSION):
+                raise ServesimError(f"{path} was fitted on measurement table {stamp[0]} for model {stamp[1]}, not "
+                                    f"{table.digest} for {MODEL_VERSION}: {rebuild}")
+            return {harness: PortableForest.from_arrays(data, f"h{HARNESSES.index(harness)}_")
+                    for harness in harnesses}
+    except (OSError, KeyError, ValueError) as exc:
+        raise ServesimError(f"cannot read the communication model's forests from {path} ({exc}): {rebuild}") from None
 
 
 @functools.cache
 def default_model() -> CommModel:
-    """The model fitted on every shipped measurement, from the cache when it is there."""
+    """The model fitted on every shipped measurement, as shipped in :data:`FORESTS_FILE`."""
     table = load_table()
-    harnesses = sorted({MEASURED_SYSTEMS[name].harness for name in table.systems}, key=HARNESSES.index)
-    paths = {harness: _cache_path(table.digest, harness) for harness in harnesses}
-    try:
-        return CommModel({harness: PortableForest.load(path) for harness, path in paths.items()},
-                         prediction_releases(table))
-    except (OSError, ValueError, KeyError):
-        pass
-    model = fit_model(table)
-    for harness, path in paths.items():
-        _store(model.forests[harness], path)
-    return model
+    return CommModel(load_forests(FORESTS_FILE, table), prediction_releases(table))

@@ -16,8 +16,8 @@ import numpy as np
 
 from servesim.comm.analytical import IMPLEMENTATIONS, OPS
 from servesim.comm.measurements import ENGINE_CODES, MeasurementTable, load_table
-from servesim.comm.model import fit_model
 from servesim.comm.systems import HARNESSES, MEASURED_SYSTEMS
+from servesim.training.comm_forest import fit_model
 
 FOLDS = 5
 #: Ways to split a system's rows in :func:`evaluate`.

@@ -11,11 +11,14 @@ import numpy as np
 
 from servesim.errors import ServesimError, suggest
 from servesim.workloads.arrivals import ArrivalProcess, Burst, EmpiricalGaps, Gamma, Poisson, Replay
+from servesim.workloads.generators import GENERATOR_KINDS, PRESETS, is_generator_spec, parse_generator_spec
 from servesim.workloads.lengths import SPEC_KINDS, is_length_spec, parse_length_spec
+from servesim.workloads.prefix import PromptSegments
 from servesim.workloads.profiles import load_profile, profile_names
 from servesim.workloads.request import Workload
+from servesim.workloads.sharing import truncate_segments
 from servesim.workloads.stats import arrival_stats
-from servesim.workloads.traces import load_trace
+from servesim.workloads.traces import HASH_BLOCK_TOKENS, load_trace
 
 ARRIVALS = ("poisson", "gamma", "burst", "trace")
 DEFAULT_REQUESTS = 1000  # generated sources, when no count is given
@@ -24,42 +27,58 @@ _TRACE_SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".ndjson")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Drawn:
-    """Lengths for ``n`` requests and the source's own arrival process (None when it has no timing)."""
+    """Lengths for ``n`` requests, the source's own arrival process (None when it has no timing) and the prompts'
+    segments (None when every prompt is its own text)."""
 
     name: str
     lengths: np.ndarray  # (n, 2): prompt, output tokens
     own_arrivals: Replay | EmpiricalGaps | None
+    prefixes: PromptSegments | None = None
+
+
+def source_names() -> list[str]:
+    """The built-in named sources: the profiles and the generator presets."""
+    return sorted([*profile_names(), *PRESETS])
 
 
 def _unknown(source: str) -> ServesimError:
     examples = ", ".join(example for _, _, example in SPEC_KINDS.values())
+    generators = ", ".join(example for *_, example in GENERATOR_KINDS.values())
     return ServesimError(
-        f"unknown workload {source!r}.{suggest(source, profile_names())} Give a profile "
-        f"({', '.join(profile_names())}), a length spec ({examples}) or the path of a CSV/JSONL trace"
+        f"unknown workload {source!r}.{suggest(source, source_names())} Give a profile "
+        f"({', '.join(source_names())}), a length spec ({examples}), a shared-prompt spec ({generators}) or the "
+        f"path of a CSV/JSONL trace"
     )
 
 
-def _draw(source: str, num_requests: int | None, rng: np.random.Generator, columns: Mapping[str, str] | None) -> _Drawn:
+def _draw(source: str, num_requests: int | None, rng: np.random.Generator, columns: Mapping[str, str] | None,
+          hash_block_tokens: int) -> _Drawn:
     is_trace = source.lower().endswith(_TRACE_SUFFIXES) or Path(source).is_file()
     if columns is not None and not is_trace:
         raise ServesimError("a column mapping applies only to trace files")
     if is_length_spec(source):
         return _Drawn(source, parse_length_spec(source).sample(rng, num_requests or DEFAULT_REQUESTS), None)
-    if source.strip().lower() in profile_names():
+    key = source.strip().lower()
+    if is_generator_spec(source) or key in PRESETS:
+        generator = PRESETS[key].generator if key in PRESETS else parse_generator_spec(source)
+        lengths, prefixes = generator.sample(rng, num_requests or DEFAULT_REQUESTS)
+        return _Drawn(key if key in PRESETS else source, lengths, None, prefixes)
+    if key in profile_names():
         profile = load_profile(source)
         return _Drawn(profile.name, profile.lengths.sample(rng, num_requests or DEFAULT_REQUESTS), profile.arrivals)
     if not is_trace:
         if Path(source).is_dir():
             raise ServesimError(f"workload {source!r} is a folder; give the path of one CSV/JSONL trace file in it")
         raise _unknown(source)
-    trace = load_trace(source, columns)
+    trace = load_trace(source, columns, hash_block_tokens)
     n = len(trace) if num_requests is None else num_requests
     if n > len(trace):
         raise ServesimError(f"{source} has {len(trace)} requests, fewer than the {n} asked for; ask for at most "
                             f"{len(trace)} (or leave the count out to replay them all)")
     lengths = np.column_stack([trace.prompt_tokens[:n], trace.output_tokens[:n]])
     own = None if trace.arrival_s is None else Replay(trace.arrival_s[:n])
-    return _Drawn(trace.name, lengths, own)
+    prefixes = trace.prefixes if trace.prefixes is None or n == len(trace) else trace.prefixes.take(np.arange(n))
+    return _Drawn(trace.name, lengths, own, prefixes)
 
 
 def _resolve_arrival(arrival: str | None, qps: float | None, concurrency: int | None, drawn: _Drawn) -> str:
@@ -117,14 +136,28 @@ def build_workload(
     max_prompt_tokens: int | None = None,
     max_output_tokens: int | None = None,
     columns: Mapping[str, str] | None = None,
+    hash_block_tokens: int = HASH_BLOCK_TOKENS,
 ) -> Workload:
     """Build a seeded, reproducible workload.
 
-    ``profile_or_trace`` is a built-in profile (``arxiv``, ``splitwise-conv``, ``splitwise-code``), a length spec
-    (``fixed:1024:128``, ``uniform:512-2048:64-256``, ``lognormal:2048,0.5:256,1.0``, ``zipf:16-8192,1.1:128``;
-    see :func:`parse_length_spec`) or a CSV/JSONL trace path (``columns`` maps its columns when its format is not
-    recognised). A trace gives its first ``num_requests`` rows (all when None), in order; the others draw
-    ``num_requests`` (``DEFAULT_REQUESTS`` when None).
+    ``profile_or_trace`` is one of:
+
+    - a built-in profile (``arxiv``, ``splitwise-conv``, ``splitwise-code``) or generator preset
+      (``chat-shared-prefix``; :data:`servesim.workloads.generators.PRESETS`);
+    - a length spec (``fixed:1024:128``, ``uniform:512-2048:64-256``, ``lognormal:2048,0.5:256,1.0``,
+      ``zipf:16-8192,1.1:128``; see :func:`parse_length_spec`): every prompt its own text;
+    - a shared-prompt spec (:func:`servesim.workloads.generators.parse_generator_spec`), each length a whole
+      number of tokens or a range ``LOW-HIGH``: ``shared-prefix:GROUPS,PROMPTS_PER_GROUP:SYSTEM:QUESTION:OUTPUT``
+      (each prompt its group's system prompt then its own question), ``repeat:DISTINCT:PROMPT:OUTPUT`` (a set of
+      prompts sent again and again) or ``multi-turn:ACTIVE,TURNS:MESSAGE:OUTPUT`` (conversations, each turn's
+      prompt the previous prompt, its answer and a new message; turn k + 1 comes ACTIVE requests after turn k,
+      without waiting for the answer);
+    - a CSV/JSONL trace path (``columns`` maps its columns when its format is not recognised; ``prompt_id`` or
+      Mooncake's ``hash_ids``, of ``hash_block_tokens`` tokens per block, say which prompts share text).
+
+    A trace gives its first ``num_requests`` rows (all when None), in order; the others draw ``num_requests``
+    (``DEFAULT_REQUESTS`` when None). The workload's ``prefixes`` say which prompts share text (None for sources
+    that do not say).
 
     Arrivals (``arrival``): ``poisson`` or ``gamma`` (gap coefficient of variation ``cv``) at ``qps`` requests/s;
     ``burst``, every request at t = 0; ``trace``, the source's own timing: a trace's timestamps replayed
@@ -134,7 +167,8 @@ def build_workload(
 
     ``concurrency`` makes the workload closed-loop: at most that many requests in flight, the next one sent as one
     finishes (with ``qps`` too, the arrivals are also paced, like ``vllm bench serve --request-rate R
-    --max-concurrency N``). ``max_prompt_tokens`` / ``max_output_tokens`` truncate longer requests.
+    --max-concurrency N``). ``max_prompt_tokens`` / ``max_output_tokens`` truncate longer requests (a truncated
+    prompt keeps its leading segments, the last one cut).
 
     The same arguments give the same workload; lengths and arrivals use separate random streams, so changing the
     arrival process or rate keeps the request lengths.
@@ -147,7 +181,7 @@ def build_workload(
         if limit is not None and limit < 1:
             raise ServesimError(f"{label} must be at least 1, not {limit}")
     length_rng, arrival_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    drawn = _draw(profile_or_trace, num_requests, length_rng, columns)
+    drawn = _draw(profile_or_trace, num_requests, length_rng, columns, hash_block_tokens)
     arrival = _resolve_arrival(arrival, qps, concurrency, drawn)
     process = _arrival_process(arrival, qps, cv, time_scale, drawn)
     prompt, output = drawn.lengths[:, 0], drawn.lengths[:, 1]
@@ -160,4 +194,5 @@ def build_workload(
         concurrency=concurrency,
         seed=seed,
         arrival_process=arrival,
+        prefixes=None if drawn.prefixes is None else truncate_segments(drawn.prefixes, max_prompt_tokens),
     )

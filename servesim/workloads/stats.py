@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from servesim.workloads.sharing import prefix_sharing
+
 if TYPE_CHECKING:
     from servesim.workloads.request import Workload
 
@@ -42,7 +44,9 @@ def arrival_stats(arrival_s: np.ndarray) -> dict[str, float]:
 
 def describe_workload(workload: Workload) -> dict:
     """What a user wants to know about a workload: size, arrival mode and process, rate, burstiness and the
-    prompt/output token statistics. A pure closed loop (every request ready at t = 0) has no rate."""
+    prompt/output token statistics, and when the prompts say which share text, their sharing statistics
+    (:func:`servesim.workloads.sharing.prefix_sharing`; None otherwise). A pure closed loop (every request ready at
+    t = 0) has no rate."""
     arrivals = arrival_stats(workload.arrival_s)
     if workload.arrival_mode == "closed" and workload.arrival_process == "burst":
         arrivals = {key: math.nan for key in arrivals}
@@ -56,4 +60,6 @@ def describe_workload(workload: Workload) -> dict:
         **arrivals,
         "prompt_tokens": length_stats(workload.prompt_tokens),
         "output_tokens": length_stats(workload.output_tokens),
+        "prefix_sharing": (None if workload.prefixes is None
+                           else prefix_sharing(workload.prefixes, workload.output_tokens)),
     }

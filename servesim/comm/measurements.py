@@ -1,6 +1,6 @@
 """The shipped measurement table ``comm_measurements.npz``: every timing the communication model learns from.
 
-Derived from aiconfigurator-core and Vidur by ``scripts/derive_comm_table.py`` (see ``servesim/data/comm.py`` for
+Derived from aiconfigurator-core and Vidur by ``tools/derive_comm_table.py`` (see ``servesim/data/comm.py`` for
 the sources and units) so that the installed tool needs neither at run time. Plain arrays, no pickles.
 """
 

@@ -13,7 +13,7 @@ The BF16 GEMM network does not see the GPU's spec vector (``SPEC_FEATURES``): th
 GPU through its pipe times and wave counts, and with the raw spec besides, a GPU outside the nine measured ones (the
 H20: 78 SMs, under a quarter of an H100's tensor rate per SM) lands where no training row was. There, networks that
 differed only in their training seed disagreed by a median 54 % on the H20, against 13 % without the spec vector, at
-about the same MAPE on measured GPUs (``scripts/seed_spread.py``, ``scripts/ablate_spec_features.py``,
+about the same MAPE on measured GPUs (``experiments/seed_spread.py``, ``experiments/ablate_spec_features.py``,
 docs/accuracy.md). The FP8 scaled-MM network keeps most of it: without any of it, its MAPE on measured GPUs'
 held-out shapes rose from 9.2 to 10.7 % (the L40S from 13.0 to 19.6 %). It leaves out the SM count and the Tensor
 rate per SM, which place the L4, L20 and H20 outside the FP8 training range (their FP8 prefill linears came out

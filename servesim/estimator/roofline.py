@@ -31,7 +31,7 @@ MIN_KERNEL_US = 2.0
 
 #: Cycles a resident thread of vLLM's abs-max kernel waits for each of its unvectorised loads, and cycles the
 #: L2 takes per atomicMax on the one scale, one per CTA. Fitted on the H100, B200 and GB200 rows, no test GPU's
-#: (``python scripts/fit_quant_stall.py``; docs/estimator.md, "vLLM's per-tensor quantisation").
+#: (``python tools/fit_quant_stall.py``; docs/estimator.md, "vLLM's per-tensor quantisation").
 SCALAR_LOAD_LATENCY_CYCLES = 295.0
 SAME_ADDRESS_ATOMIC_CYCLES = 8.8
 

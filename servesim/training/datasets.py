@@ -182,7 +182,7 @@ def _with_harness_l2(frame: pd.DataFrame, kernels: list[Kernel], category: str) 
     its own there; when it does not, a cyclic sweep evicts each copy before its next turn (least-recently-used
     replacement) and the run is cold, as in serving. Without it the measured rows are warm where serving is cold:
     on the L40S, FP8 linears of m ≤ 64 whose six copies fit in its 96 MiB L2 run several times faster than their
-    weights can come from DRAM, and so does decode attention whose KV cache fits (``scripts/harness_l2.py``). Our
+    weights can come from DRAM, and so does decode attention whose KV cache fits (``experiments/harness_l2.py``). Our
     own collections flush L2 before every repetition."""
     fills = harness_l2_fills(kernels, frame["gpu"].astype(str).tolist(), HARNESS_COPIES[category])
     return [k if cold else replace(k, l2_resident_fraction=float(fill <= 1.0))

@@ -1,4 +1,5 @@
-"""Fit the host-overhead constants of servesim/serving/overhead.py to measured serving runs.
+"""Fit the host-overhead constants of servesim/serving/overhead.py to measured serving runs; it prints them for that
+file.
 
 Replays aiconfigurator-core's silicon_sample.csv rows (aggregated vLLM/SGLang runs on H100 and H200) with the
 per-step overhead terms at zero, fits ``step_us`` and ``per_seq_us`` per engine on the training rows
@@ -6,7 +7,7 @@ per-step overhead terms at zero, fits ``step_us`` and ``per_seq_us`` per engine 
 Predictions under the fitted constants come from the exact linear sensitivities of the replay (see
 servesim/validate/calibration.py), so no second simulation is needed.
 
-    nice -n 10 .venv/bin/python scripts/calibrate_overhead.py --estimator roofline
+    nice -n 10 .venv/bin/python tools/calibrate_overhead.py --estimator roofline
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a capacity search's time goes, option by option.
 
-    .venv/bin/python scripts/bench_planner.py --model llama3-70b --gpus H100 [other `servesim plan` options]
+    .venv/bin/python benchmarks/bench_planner.py --model llama3-70b --gpus H100 [other `servesim plan` options]
 
 Runs ``servesim plan ARGS --jobs 1 --json`` in this process (the plan's JSON is discarded) with the parts of the
 step-time model timed: the attention of batches not seen before (``StepTimeModel.layer_attentions_us``), of which

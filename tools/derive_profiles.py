@@ -1,6 +1,6 @@
 """Derive the built-in workload profiles (servesim/workloads/profiles/*.json) from Vidur's processed traces.
 
-    python scripts/derive_profiles.py [--traces DIR]
+    python tools/derive_profiles.py [--traces DIR]
 
 DIR defaults to ../shared/data/vidur/traces (Vidur, MIT licence, microsoft/vidur commit 7d47513,
 data/processed_traces/). Only compact statistics are committed, never the traces.

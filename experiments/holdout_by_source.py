@@ -7,7 +7,7 @@ all: the same shape's measured time, by the same source, on ``--sibling``, a tra
 and Tensor rates. Where the sibling's time is closer than the MLP's, the network has credited the left-out GPU's
 one differing specification (the H200's DRAM bandwidth beside the H100's) with speed its kernels do not get.
 
-    python scripts/holdout_by_source.py --category scaled_mm --holdout H200 --sibling H100
+    python experiments/holdout_by_source.py --category scaled_mm --holdout H200 --sibling H100
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from servesim.estimator.datasets import (
+from servesim.training.datasets import (
     DataOptions,
     category_frame,
     require_measured,
@@ -24,7 +24,7 @@ from servesim.estimator.datasets import (
     samples_from_frame,
     split_by_shape,
 )
-from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.training.train import TrainConfig, mape, predict_samples_us, train_mlp
 from servesim.hardware import get_gpu
 
 M_BANDS = (0, 16, 128, 1024, np.inf)

@@ -6,13 +6,13 @@ projections) for m = 1 … 8,192 tokens on each GPU. For every GPU it prints the
 kernels, of the seeds' spread (slowest prediction over fastest, minus one): what a user of the GPU should read as
 the uncertainty the network alone adds to a kernel time. A GPU that the networks saw in training is predicted alike
 by every seed; a GPU outside the training range is not. ``--spec-vector kept|dropped`` trains and predicts with or
-without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``scripts/ablate_spec_features.py`` does; by
+without the GPU's spec vector (``servesim.features.SPEC_FEATURES``), as ``experiments/ablate_spec_features.py`` does; by
 default the networks see what the shipped one does (``servesim.estimator.inputs.SPEC_INPUTS_LEFT_OUT``). It also
 scores each seed's network, and the seeds' geometric mean (what an ensemble of them would predict), on the sample's
 held-out shapes. ``--max-epochs``, ``--patience-epochs`` and ``--lr-patience-epochs`` set the training schedule
 as for ``servesim train``.
 
-    python scripts/seed_spread.py --category gemm --seed 0 --seed 1 --seed 2 --seed 3 --seed 4
+    python experiments/seed_spread.py --category gemm --seed 0 --seed 1 --seed 2 --seed 3 --seed 4
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import numpy as np
 from ablate_spec_features import spec_variants
 
 from servesim.cli.estimator import schedule_options, train_config
-from servesim.estimator.datasets import DataOptions, load_samples, split_by_shape
+from servesim.training.datasets import DataOptions, load_samples, split_by_shape
 from servesim.estimator.inputs import candidate_inputs, input_names
 from servesim.estimator.mlp import MlpWeights, predict_from_inputs_us
-from servesim.estimator.training import mape, predict_samples_us, train_mlp
+from servesim.training.train import mape, predict_samples_us, train_mlp
 from servesim.features import SPEC_FEATURES
 from servesim.hardware import GpuSpec, get_gpu
 from servesim.kernels.types import Gemm, ScaledMM

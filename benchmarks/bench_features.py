@@ -1,8 +1,8 @@
 """Benchmark: SynPerf features of many random GEMM shapes, or of the attention kernels of random engine steps, on
 one GPU; prints the rate.
 
-    .venv/bin/python scripts/bench_features.py --gpu H20 --shapes 100000
-    .venv/bin/python scripts/bench_features.py --kind attention --gpu H100 --shapes 3000
+    .venv/bin/python benchmarks/bench_features.py --gpu H20 --shapes 100000
+    .venv/bin/python benchmarks/bench_features.py --kind attention --gpu H100 --shapes 3000
 
 GEMM shapes go through the vectorised closed form in one call. Attention kernels are those vLLM launches for one
 layer of llama3-70b at TP 4 (``--model``, ``--tp``) for random steps like those of a capacity search: 0 to 3

@@ -10,8 +10,8 @@ shapes the shipped weights never trained on (``never_trained_on``) with them. Ea
 on all its sampled rows with a network retrained without it, exactly as ``servesim eval kernels --holdout``
 retrains (the same sample of the category's rows, seed and schedule options).
 
-    python scripts/fp8_layer_error.py
-    python scripts/fp8_layer_error.py --holdout L40S --max-epochs 400 --patience-epochs 20 --lr-patience-epochs 6
+    python experiments/fp8_layer_error.py
+    python experiments/fp8_layer_error.py --holdout L40S --max-epochs 400 --patience-epochs 20 --lr-patience-epochs 6
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.cli.estimator import schedule_options, train_config
-from servesim.estimator.datasets import (
+from servesim.training.datasets import (
     KernelSamples,
     fp8_linear_rows,
     load_samples,
@@ -32,7 +32,7 @@ from servesim.estimator.datasets import (
     split_by_shape,
 )
 from servesim.estimator.mlp import MlpWeights, shipped_weights
-from servesim.estimator.training import (
+from servesim.training.train import (
     PREDICTORS,
     mape,
     never_trained_on,

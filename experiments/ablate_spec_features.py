@@ -10,7 +10,7 @@ the other GPUs for early stopping. ``--drop NAME`` leaves out only the named spe
 over the slowest pipe's (:data:`RELATIVE_PIPE_FEATURES`, a trial not kept; docs/accuracy.md), ``--ablate both`` the
 spec vector kept and dropped, each with and without them.
 
-    python scripts/ablate_spec_features.py --category gemm --gpu A100 --gpu H100 --gpu B200 --gpu GB200 \\
+    python experiments/ablate_spec_features.py --category gemm --gpu A100 --gpu H100 --gpu B200 --gpu GB200 \\
         --seed 0 --seed 1
 """
 
@@ -24,10 +24,10 @@ import click
 import numpy as np
 
 from servesim.decompose import PIPES
-from servesim.estimator.datasets import DataOptions, KernelSamples, load_samples, split_by_shape
+from servesim.training.datasets import DataOptions, KernelSamples, load_samples, split_by_shape
 from servesim.estimator.inputs import input_names
 from servesim.estimator.mlp import MlpWeights
-from servesim.estimator.training import TrainConfig, mape, predict_samples_us, train_mlp
+from servesim.training.train import TrainConfig, mape, predict_samples_us, train_mlp
 from servesim.features import SPEC_FEATURES, FeatureMatrix
 from servesim.hardware import get_gpu
 

@@ -1,4 +1,4 @@
-"""Compare the kernel-time baselines (servesim/estimator/baselines.py) with the roofline and the MLP estimator.
+"""Compare the kernel-time baselines (servesim/training/baselines.py) with the roofline and the MLP estimator.
 
 Seen GPUs: the baselines fit on the other shapes of a seeded sample and predict the shapes the shipped MLP
 (``MlpEstimator``) never trained on (``never_trained_on``), scored against it. Each ``--holdout`` GPU: the
@@ -7,7 +7,7 @@ GPU; the MLP is retrained the same way (``train_mlp``, same seed), as ``servesim
 MAPE (%) per GPU, the rows Habitat had to give the roofline (no training GPU measured their shape), and each
 baseline's fit + predict time.
 
-    .venv/bin/python scripts/compare_baselines.py --category gemm --max-rows 200000 --seed 0 [--holdout H200]
+    .venv/bin/python experiments/compare_baselines.py --category gemm --max-rows 200000 --seed 0 [--holdout H200]
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 
 from servesim.cli.output import Column, render_table
 from servesim.estimator.base import predict_per_gpu_us
-from servesim.estimator.baselines import BASELINES, habitat_predict
-from servesim.estimator.datasets import KernelSamples, load_samples, require_measured, split_by_shape
+from servesim.training.baselines import BASELINES, habitat_predict
+from servesim.training.datasets import KernelSamples, load_samples, require_measured, split_by_shape
 from servesim.estimator.mlp import MlpEstimator, shipped_weights
-from servesim.estimator.training import (
+from servesim.training.train import (
     PREDICTORS,
     TrainConfig,
     mape_by_gpu,

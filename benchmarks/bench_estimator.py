@@ -4,7 +4,7 @@ The kernels are what the serving simulator asks the estimator about: every kerne
 batches, prefill chunks, mixed steps) of dense and MoE models under vLLM and SGLang, in launch order, repeats
 included, until there are ``--kernels`` of them. Caches start cold.
 
-    .venv/bin/python scripts/bench_estimator.py --gpu H100 --kernels 100000
+    .venv/bin/python benchmarks/bench_estimator.py --gpu H100 --kernels 100000
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Simulator speed, and the error of its step-time approximation (representative batches, docs/serving.md).
 
-    .venv/bin/python scripts/bench_simulator.py [--requests 10000] [--engine vllm] [--model llama3-8b] [--gpu H100]
+    .venv/bin/python benchmarks/bench_simulator.py [--requests 10000] [--engine vllm] [--model llama3-8b] [--gpu H100]
         [--tp 1] [--estimator roofline] [--rate REQ_PER_S] [--sample 0.02] [--mean-context]
 
 Simulates splitwise-conv requests (the trace's own arrival rate, or ``--rate``) with a cold step-time model, then

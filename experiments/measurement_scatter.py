@@ -7,7 +7,7 @@ the log time, ``d = log t(m) − (log t(m − 1) + log t(m + 1)) / 2``, which ca
 carried independent relative noise of spread σ, d would have spread √1.5 σ; ``scatter %`` is ``mean |d| / √1.5``,
 what a predictor that knew the true time would still score as MAPE on these rows.
 
-    python scripts/measurement_scatter.py --category scaled_mm
+    python experiments/measurement_scatter.py --category scaled_mm
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from servesim.estimator.datasets import DataOptions, category_frame
+from servesim.training.datasets import DataOptions, category_frame
 
 SHAPE_GROUP = ["gpu", "kernel_source", "n", "k"]
 

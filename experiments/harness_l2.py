@@ -8,7 +8,7 @@ DRAM (docs/estimator.md, "Warm L2 in the kernel timings"). The measured rows' ke
 runs) and prints the median efficiency = roofline time / measured time of the rows whose cold roofline is
 DRAM-bound, under both, in bands of the working set (the loop's copies' ``bytes_moved()``) over the GPU's L2.
 
-    python scripts/harness_l2.py --category scaled_mm
+    python experiments/harness_l2.py --category scaled_mm
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pandas as pd
 
 from servesim.decompose import PIPES
 from servesim.decompose.launch import PIPE_ROW
-from servesim.estimator.datasets import HARNESS_COPIES, harness_l2_fills, load_samples
+from servesim.training.datasets import HARNESS_COPIES, harness_l2_fills, load_samples
 from servesim.features import FEATURE_NAMES, FeatureMatrix, kernel_features
 from servesim.hardware import get_gpu
 

@@ -1,12 +1,13 @@
 """Derive ``servesim/comm/comm_measurements.npz`` from aiconfigurator-core and Vidur's network CSVs.
 
-    .venv/bin/python scripts/derive_comm_table.py [--vidur ../shared/data/vidur]
+    .venv/bin/python tools/derive_comm_table.py [--vidur ../shared/data/vidur]
 
 Needs the training extra (aiconfigurator-core). The engines' custom all-reduce rows of groups the engine would
 never run its kernel on are left out (``servesim/comm/selection.py``): servers without NVLink, where the engines
 disable it beyond two GPUs and servesim never selects it; vLLM groups spanning the compute trays of an NVL72
 rack (vLLM keeps the kernel to one host); groups of 16 GPUs (both engines' kernels take 2 to 8). servesim cannot
-be asked for those, so they neither train nor score the model.
+be asked for those, so they neither train nor score the model. A new table needs new forests: run
+``tools/fit_comm_forests.py`` next.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the L2). A GPU left out of training is predicted from the others' shares: where 
 reaches a share like its own, neither can the networks (docs/accuracy.md, "Why the misses": the L40S and RTX PRO
 6000 left out).
 
-    python scripts/peak_fractions.py
+    python experiments/peak_fractions.py
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from servesim.estimator.datasets import HARNESS_COPIES, category_frame, harness_l2_fills, samples_from_frame
+from servesim.training.datasets import HARNESS_COPIES, category_frame, harness_l2_fills, samples_from_frame
 from servesim.hardware import get_gpu
 
 LARGE_DIM = 4096

@@ -1,15 +1,16 @@
-"""Fit the two constants of vLLM's per-tensor quantisation stall (servesim.estimator.roofline.vllm_quant_stall_us).
+"""Fit the two constants of vLLM's per-tensor quantisation stall in servesim/estimator/roofline.py
+(``vllm_quant_stall_us``); it prints them for that file.
 
 aiconfigurator times each engine's whole FP8 linear layer with per-tensor weight scales: vLLM's quantises the
 activations with one scale for the tensor (abs-max kernel, then conversion: two reads of the activations), SGLang's
 with one scale per token (one kernel, one read); both then run a CUTLASS-based scaled MM. For the same shape on the
 same GPU, the difference of their times, for m >= 1,024 where the quantisation is a large share, is the difference
 of their quantisations: vLLM's extra read and its stall (its unvectorised abs-max loads and its per-row atomics),
-each read from L2 or DRAM as the timing loop left it (servesim.estimator.datasets.harness_quantize_kernels). The fit
+each read from L2 or DRAM as the timing loop left it (servesim.training.datasets.harness_quantize_kernels). The fit
 uses the H100, B200 and GB200 only (the GPUs design choices are checked on, none of the five test GPUs of
 docs/accuracy.md); the other GPUs are fitted alone for comparison.
 
-    python scripts/fit_quant_stall.py
+    python tools/fit_quant_stall.py
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from servesim.estimator.datasets import LOCAL_SYSTEM, fp8_linear_rows, harness_quantize_kernels
+from servesim.training.datasets import LOCAL_SYSTEM, fp8_linear_rows, harness_quantize_kernels
 from servesim.estimator.roofline import roofline_us, traffic_us, vllm_quant_stall_us
 from servesim.hardware import get_gpu
 from servesim.kernels.types import dtype_bytes

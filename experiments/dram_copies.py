@@ -11,7 +11,7 @@ extra steps per epoch those rows bring. Each variant retrains leave-one-GPU-out 
 --holdout`` does (a seeded sample, the other GPUs' validation shapes for early stopping, copies of training rows
 only) and prints the left-out GPU's MAPE and bias and the other GPUs' held-out shapes' MAPE.
 
-    python scripts/dram_copies.py --category scaled_mm --gpu H100 --gpu B200 --gpu GB200 --seed 0 --seed 1
+    python experiments/dram_copies.py --category scaled_mm --gpu H100 --gpu B200 --gpu GB200 --seed 0 --seed 1
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import numpy as np
 from ablate_spec_features import left_out_scores
 
 from servesim.decompose import PIPES
-from servesim.estimator.datasets import KernelSamples, load_samples, require_measured, split_by_shape
+from servesim.training.datasets import KernelSamples, load_samples, require_measured, split_by_shape
 from servesim.estimator.inputs import candidate_inputs
-from servesim.estimator.training import TrainConfig, train_mlp
+from servesim.training.train import TrainConfig, train_mlp
 from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
 

@@ -10,7 +10,7 @@ moves what L2 holds at the catalogue's L2 bandwidth and the rest at its DRAM ban
 working set taken as found in L2 where it fits (``aware``) and taken from DRAM throughout (``cold``), and the
 ``aware`` model's MAPE. The conversion is a vectorised stream, so a ratio near 1 says the bandwidths hold.
 
-    python scripts/fp8_convert_check.py
+    python experiments/fp8_convert_check.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pandas as pd
 
 from servesim.data.aiconfigurator import load_fp8_convert
 from servesim.estimator.roofline import MIN_KERNEL_US, traffic_us
-from servesim.estimator.training import mape
+from servesim.training.train import mape
 from servesim.hardware import get_gpu
 
 BANDS = (0.0, 0.25, 1.0, 4.0, np.inf)

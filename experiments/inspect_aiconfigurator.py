@@ -1,7 +1,7 @@
 """Print the inventory of aiconfigurator-core's kernel tables: per system/family/backend/version, the table,
 its collection status, row count and whether servesim keeps it.
 
-Run: python scripts/inspect_aiconfigurator.py [family ...]   (default: gemm attention moe)
+Run: python experiments/inspect_aiconfigurator.py [family ...]   (default: gemm attention moe)
 """
 
 from __future__ import annotations

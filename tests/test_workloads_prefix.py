@@ -84,6 +84,8 @@ def test_prompt_id_names_whole_prompts_in_csv_and_jsonl(tmp_path):
         prefixes = load_trace(path).prefixes
         assert prefixes.segment_ids.tolist() == [0, 1, 0, UNIQUE]  # an empty id: a prompt of its own
         assert prefixes.segment_tokens.tolist() == [100, 100, 100, 50]
+    empty = write(tmp_path, "e.csv", "prompt_tokens,output_tokens,prompt_id\n10,1,\n20,1,\n")
+    assert load_trace(empty).prefixes.segment_ids.tolist() == [UNIQUE, UNIQUE]
     mapped = write(tmp_path, "q.csv", "in,out,conversation\n10,1,x\n10,1,x\n")
     trace = load_trace(mapped, parse_columns("prompt=in,output=out,prompt_id=conversation"))
     assert trace.prefixes.segment_ids.tolist() == [0, 0]

@@ -239,7 +239,8 @@ def _prefixes(frame: pd.DataFrame, mapping: dict[str, str], prompt: np.ndarray, 
         named = codes >= 0
         first_row = np.full(codes.max(initial=-1) + 1, n, dtype=np.int64)
         np.minimum.at(first_row, codes[named], np.flatnonzero(named))
-        first = np.where(named, first_row[np.maximum(codes, 0)], np.arange(n))
+        first = np.arange(n)
+        first[named] = first_row[codes[named]]
         _row_error(prompt != prompt[first], lines, path, lambda i: (
             f"{column} {raw.iloc[i]!r} has {prompt[i]} prompt tokens, but line {lines[first[i]]} gave it "
             f"{prompt[first[i]]}; one prompt id names one prompt, so its length must agree"))

@@ -19,12 +19,12 @@ import time
 
 import numpy as np
 
-from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.serving import simulator, step_cache
-from servesim.serving.config import default_engine_config
+from servesim.serving.deployment import build_deployment
+from servesim.serving.engines import ENGINE_CHOICES
 from servesim.serving.step_time import StepTimeModel
 from servesim.workloads import build_workload
 
@@ -32,7 +32,7 @@ from servesim.workloads import build_workload
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
+    parser.add_argument("--engine", default="vllm", choices=ENGINE_CHOICES)
     parser.add_argument("--model", default="llama3-8b")
     parser.add_argument("--gpu", default="H100")
     parser.add_argument("--tp", type=int, default=1)
@@ -43,16 +43,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.mean_context:
         step_cache.decode_spread = lambda context, max_context: 0
-    model, gpu, par = get_model(args.model), get_gpu(args.gpu), Parallelism(args.tp, 1)
-    cfg = default_engine_config(args.engine, gpu, par)
+    deployment = build_deployment(get_model(args.model), get_gpu(args.gpu), Parallelism(args.tp, 1), args.engine,
+                                  estimator=args.estimator)
     workload = build_workload("splitwise-conv", args.requests, seed=0)
     if args.rate:
         workload = dataclasses.replace(workload, arrival_s=workload.arrival_s / workload.arrival_s[-1]
                                        * len(workload) / args.rate)
-    step_model = StepTimeModel(args.engine, model, gpu, par, get_estimator(args.estimator))
+    step_model = StepTimeModel(deployment)
     for label in ("cold", "warm"):
         start = time.perf_counter()
-        result = simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model)
+        result = simulator.simulate(deployment, workload, step_model=step_model)
         elapsed = time.perf_counter() - start
         print(f"{label}: {len(workload):,} requests, {len(result.steps.start_s):,} steps, simulated "
               f"{result.duration_s:,.0f} s of serving in {elapsed:.2f} s -> {len(workload) / elapsed:,.0f} requests/s, "
@@ -70,7 +70,7 @@ def main() -> None:
         return finish(step, end_s)
 
     simulator.finish_step = recording
-    simulator.simulate(model, gpu, par, cfg, workload, step_model=step_model, fast_forward_decodes=False)
+    simulator.simulate(deployment, workload, step_model=step_model, fast_forward_decodes=False)
     simulator.finish_step = finish
     for kind in ("decode-only", "with prefill"):
         errors = []

@@ -13,7 +13,7 @@ from servesim.models.memory import (
     weight_bytes_per_gpu,
 )
 from servesim.models.parallel import Parallelism, stage_layer_counts, validate_parallelism
-from servesim.serving.config import default_engine_config, engine_memory_plan
+from servesim.serving.deployment import build_deployment
 
 NO_RESERVE = MemoryReserve(0.0, 0.0, 0.0)
 
@@ -78,10 +78,10 @@ def test_kv_capacity_is_what_the_fraction_leaves_after_weights_and_reserve():
 
 def test_llama3_70b_does_not_fit_one_h100_but_fits_four():
     model, gpu = get_model("llama3-70b"), get_gpu("H100")
-    one = engine_memory_plan(model, gpu, Parallelism(1), default_engine_config("vllm", gpu, Parallelism(1)))
+    one = build_deployment(model, gpu, Parallelism(1)).memory
     assert not one.fits and one.kv_tokens == 0
     assert one.needed_bytes > gpu.memory_bytes
-    four = engine_memory_plan(model, gpu, Parallelism(4), default_engine_config("vllm", gpu, Parallelism(4)))
+    four = build_deployment(model, gpu, Parallelism(4)).memory
     assert four.fits and four.kv_tokens > 100_000
 
 
@@ -105,9 +105,8 @@ def test_layouts_the_engines_refuse_are_errors(name, tp, pp, message):
 
 def test_fp8_kv_cache_doubles_the_tokens_the_pool_holds():
     model, gpu, par = get_model("llama3-70b"), get_gpu("H200"), Parallelism(1)
-    cfg = default_engine_config("vllm", gpu, par)
-    bf16 = engine_memory_plan(model, gpu, par, cfg, weight_dtype="fp8")
-    fp8 = engine_memory_plan(model, gpu, par, cfg.with_overrides(kv_cache_dtype="fp8"), weight_dtype="fp8")
+    auto = build_deployment(model, gpu, par, dtype="fp8")
+    bf16, fp8 = auto.memory, build_deployment(model, gpu, par, dtype="fp8", kv_cache_dtype="fp8").memory
     assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token / 2
     assert fp8.kv_cache_bytes == bf16.kv_cache_bytes
-    assert abs(fp8.kv_tokens - 2 * bf16.kv_tokens) <= cfg.block_size
+    assert abs(fp8.kv_tokens - 2 * bf16.kv_tokens) <= auto.settings.block_size

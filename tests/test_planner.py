@@ -12,7 +12,7 @@ from servesim.planner.executor import LocalExecutor
 from servesim.planner.plan import PlanRequest, build_plan, candidate_layouts, cost_option, plan_payload, run_plan
 from servesim.planner.search import OptionTask, Probe, _crossing_load, search_capacity
 from servesim.planner.slo import Slo
-from servesim.serving.config import default_engine_config
+from servesim.serving.deployment import build_deployment
 from servesim.serving.simulator import simulate
 from servesim.workloads import build_workload
 
@@ -24,8 +24,7 @@ WORKLOAD = build_workload("fixed:512:48", 300, qps=1.0, seed=0)
 def task(tpot_ms: float = 10.0, gpu=H100, par=Parallelism(1, 1), mode="qps", workload=WORKLOAD, model=MODEL,
          tolerance=0.05, ttft_ms: float | None = None) -> OptionTask:
     slos = (Slo("tpot", 90, tpot_ms),) + ((Slo("ttft", 90, ttft_ms),) if ttft_ms else ())
-    return OptionTask(model, gpu, par, default_engine_config("vllm", gpu, par), "bf16", "roofline", workload, slos,
-                      mode, tolerance)
+    return OptionTask(build_deployment(model, gpu, par, estimator="roofline"), workload, slos, mode, tolerance)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +33,7 @@ def unloaded_tpot_ms() -> float:
     the tests hold whatever the step-time model predicts."""
     alone = build_workload("fixed:512:48", 20, concurrency=1, seed=0)
     par = Parallelism(1, 1)
-    return simulate(MODEL, H100, par, default_engine_config("vllm", H100, par), alone,
-                    estimator="roofline").summary()["tpot_p90_ms"]
+    return simulate(build_deployment(MODEL, H100, par, estimator="roofline"), alone).summary()["tpot_p90_ms"]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +114,8 @@ def _request(**fields) -> PlanRequest:
 
 def _priced(result, usd_per_gpu_hour: float):
     gpu = result.task.gpu.with_price(usd_per_gpu_hour, "2026-01-01", "test")
-    return dataclasses.replace(result, task=dataclasses.replace(result.task, gpu=gpu))
+    deployment = dataclasses.replace(result.task.deployment, gpu=gpu)
+    return dataclasses.replace(result, task=dataclasses.replace(result.task, deployment=deployment))
 
 
 def test_ranking_follows_cost_and_the_explanation_compares_the_runner_up(searched):

@@ -16,7 +16,7 @@ from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
-from servesim.serving.config import default_engine_config
+from servesim.serving.deployment import build_deployment
 from servesim.serving.simulator import simulate
 from servesim.serving.state import STEP_LOG_COLUMNS, StepLog
 from servesim.serving.step_time import StepTimeModel
@@ -30,15 +30,18 @@ TP1 = Parallelism(1, 1)
 SMALL_MEMORY = 0.235
 
 
+def deployment(engine="vllm", par=TP1, **overrides):
+    return build_deployment(MODEL, GPU, par, engine, estimator="roofline", **overrides)
+
+
 @pytest.fixture(scope="module")
 def step_models():
-    return {engine: StepTimeModel(engine, MODEL, GPU, TP1, get_estimator("roofline")) for engine in ("vllm", "sglang")}
+    return {engine: StepTimeModel(deployment(engine)) for engine in ("vllm", "sglang")}
 
 
 def run(step_models, engine, workload, replicas=1, router="round_robin", fast_forward_decodes=True, **overrides):
-    cfg = default_engine_config(engine, GPU, TP1).with_overrides(**overrides)
-    return simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models[engine], replicas=replicas, router=router,
-                    fast_forward_decodes=fast_forward_decodes)
+    return simulate(deployment(engine, **overrides), workload, step_model=step_models[engine], replicas=replicas,
+                    router=router, fast_forward_decodes=fast_forward_decodes)
 
 
 def make_workload(prompts, outputs, arrivals=None, concurrency=None):
@@ -160,10 +163,8 @@ def test_more_replicas_lower_latency_under_load(step_models):
 
 def test_pipeline_keeps_micro_batches_in_flight():
     par = Parallelism(1, 2)
-    step_model = StepTimeModel("vllm", MODEL, GPU, par, get_estimator("roofline"))
     workload = build_workload("fixed:512:64", 32, concurrency=32)
-    cfg = default_engine_config("vllm", GPU, par)
-    steps = simulate(MODEL, GPU, par, cfg, workload, step_model=step_model).steps
+    steps = simulate(deployment("vllm", par), workload).steps
     assert (steps.start_s[1:] < steps.end_s[:-1]).any()  # a step starts before the previous one ends
 
 
@@ -178,13 +179,12 @@ STEP_COLUMNS = ("replica", "start_s", "end_s", "num_requests", "num_tokens", "pr
 def test_fast_forward_gives_exactly_the_stepped_result(engine, pp, closed, small):
     """Running steady decode stretches in one go changes nothing: token times, steps, KV and preemptions."""
     par = Parallelism(1, pp)
-    step_model = StepTimeModel(engine, MODEL, GPU, par, get_estimator("roofline"))
-    cfg = default_engine_config(engine, GPU, par)
-    if small:
-        cfg = cfg.with_overrides(memory_fraction=SMALL_MEMORY, max_num_batched_tokens=1024)
+    overrides = {"memory_fraction": SMALL_MEMORY, "max_num_batched_tokens": 1024} if small else {}
+    dep = deployment(engine, par, **overrides)
+    step_model = StepTimeModel(dep)
     workload = (build_workload("splitwise-conv", 120, concurrency=16, seed=1) if closed
                 else build_workload("splitwise-conv", 120, qps=4.0, seed=1))
-    runs = [simulate(MODEL, GPU, par, cfg, workload, step_model=step_model, replicas=2, fast_forward_decodes=ff)
+    runs = [simulate(dep, workload, step_model=step_model, replicas=2, fast_forward_decodes=ff)
             for ff in (False, True)]
     stepped, forwarded = runs
     np.testing.assert_array_equal(forwarded.token_offsets, stepped.token_offsets)
@@ -214,24 +214,21 @@ def test_run_stops_early_only_when_its_percentile_fails(step_models):
     tpot_p90_ms = float(np.nanpercentile(full.tpot_s * 1e3, 90))
     values = int((workload.output_tokens > 1).sum())
     rule = StopRule("tpot_p90", "tpot", tpot_p90_ms / 2, violations_to_fail(values, 90))
-    cfg = default_engine_config("vllm", GPU, TP1)
     with pytest.raises(StoppedEarly) as stopped:
-        simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models["vllm"], stop_rules=(rule,))
+        simulate(deployment(), workload, step_model=step_models["vllm"], stop_rules=(rule,))
     assert stopped.value.rule is rule and stopped.value.time_s < full.finish_s.max()
     met = StopRule("tpot_p90", "tpot", tpot_p90_ms * 1.01, violations_to_fail(values, 90))
-    again = simulate(MODEL, GPU, TP1, cfg, workload, step_model=step_models["vllm"], stop_rules=(met,))
+    again = simulate(deployment(), workload, step_model=step_models["vllm"], stop_rules=(met,))
     np.testing.assert_array_equal(again.token_times_s, full.token_times_s)
 
 
 def test_fp8_kv_cache_holds_twice_the_tokens_and_must_match_the_step_model(step_models):
     workload = build_workload("fixed:512:16", 4, arrival="burst")
-    base = default_engine_config("vllm", GPU, TP1)
-    fp8 = base.with_overrides(kv_cache_dtype="fp8")
-    tokens = {cfg.kv_cache_dtype: simulate(MODEL, GPU, TP1, cfg, workload, estimator="roofline").info[
-        "kv_tokens_per_replica"] for cfg in (base, fp8)}
+    base, fp8 = deployment(), deployment(kv_cache_dtype="fp8")
+    tokens = {dep.kv_cache_dtype: simulate(dep, workload).info["kv_tokens_per_replica"] for dep in (base, fp8)}
     assert 1.95 < tokens["fp8"] / tokens["auto"] < 2.05
-    with pytest.raises(ServesimError, match="kv_cache_dtype"):
-        simulate(MODEL, GPU, TP1, fp8, workload, step_model=step_models["vllm"])
+    with pytest.raises(ServesimError, match="KV cache"):
+        simulate(fp8, workload, step_model=step_models["vllm"])
 
 
 def test_metric_definitions(step_models):

@@ -16,6 +16,7 @@ from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.serving import step_cache
+from servesim.serving.deployment import build_deployment
 from servesim.serving.state import Step
 from servesim.serving.step_time import StepTimeModel
 
@@ -60,7 +61,7 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
 @pytest.mark.parametrize("model_name, par", [("llama3-8b", Parallelism(1, 1)), ("llama3-70b", Parallelism(4, 2)),
                                              ("qwen3-30b-a3b", Parallelism(2, 1))])
 def test_attention_and_the_rest_add_up_to_every_kernel(engine, model_name, par):
-    model = StepTimeModel(engine, get_model(model_name), GPU, par, get_estimator("mlp"))
+    model = StepTimeModel(build_deployment(get_model(model_name), GPU, par, engine), get_estimator("mlp"))
     for name, batch in BATCHES.items():
         stages_us, overhead_us = kernel_by_kernel_us(model, batch)
         step = model.step_time_us(batch)
@@ -78,7 +79,8 @@ def mixed_step(chunks: list[tuple[int, int]], contexts: list[int]) -> tuple[Step
 
 @pytest.fixture(scope="module")
 def llama8b_models():
-    return {engine: StepTimeModel(engine, get_model("llama3-8b"), GPU, Parallelism(1, 1), get_estimator("roofline"))
+    return {engine: StepTimeModel(build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), engine),
+                                  get_estimator("roofline"))
             for engine in ("vllm", "sglang")}
 
 
@@ -136,7 +138,8 @@ def test_representative_steps_stay_close_to_the_exact_batch(llama8b_models, engi
 def test_decode_steps_with_one_long_context_keep_its_cost(engine):
     # Requests at every stage of their output, one far longer than the rest: the longest one's CTAs outlast the
     # grid's, which the mlp estimator sees and the mean context alone would hide.
-    model = StepTimeModel(engine, get_model("llama3-70b"), GPU, Parallelism(4, 1), get_estimator("mlp"))
+    model = StepTimeModel(build_deployment(get_model("llama3-70b"), GPU, Parallelism(4, 1), engine),
+                          get_estimator("mlp"))
     rng = random.Random(1)
     errors = []
     for _ in range(20):
@@ -154,16 +157,17 @@ def test_models_of_one_tp_share_layer_times_across_pipeline_depths():
     # not depend on the kernels predicted with it).
     estimator = get_estimator("mlp")
     llama70 = get_model("llama3-70b")
-    alone = StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), estimator)
-    first = StepTimeModel("vllm", llama70, GPU, Parallelism(4, 1), estimator)
+    alone = StepTimeModel(build_deployment(llama70, GPU, Parallelism(4, 2), "vllm"), estimator)
+    first = StepTimeModel(build_deployment(llama70, GPU, Parallelism(4, 1), "vllm"), estimator)
     for batch in BATCHES.values():
         first.step_time_us(batch)
-    shared = StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), estimator, shares_with=first)
+    shared = StepTimeModel(build_deployment(llama70, GPU, Parallelism(4, 2), "vllm"), estimator, shares_with=first)
     assert shared.attention_by_batch is first.attention_by_batch and len(shared.attention_by_batch) == len(BATCHES)
     for batch in BATCHES.values():
         assert shared.step_time_us(batch) == alone.step_time_us(batch)
     with pytest.raises(ServesimError, match="cannot share"):
-        StepTimeModel("vllm", llama70, GPU, Parallelism(2, 2), estimator, shares_with=first)
+        StepTimeModel(build_deployment(llama70, GPU, Parallelism(2, 2), "vllm"), estimator, shares_with=first)
     with pytest.raises(ServesimError, match="cannot share"):
-        StepTimeModel("vllm", llama70, GPU, Parallelism(4, 2), get_estimator("mlp"), shares_with=first)
+        StepTimeModel(build_deployment(llama70, GPU, Parallelism(4, 2), "vllm"), get_estimator("mlp"),
+                      shares_with=first)
 

@@ -17,8 +17,10 @@ from servesim.validate.calibration import calibrate, calibration_frame, predict_
 from servesim.validate.replay import ServingCase, Skipped, preset_for, replay  # noqa: E402
 from servesim.validate.silicon import load_silicon_rows, silicon_case, silicon_cases  # noqa: E402
 
-# A short SGLang run (Qwen3-32B, TP 8, 1024 in, 128 out, 16 clients) and an InferenceX vLLM run.
+# A short SGLang run (Qwen3-32B, TP 8, 1024 in, 128 out, 16 clients) and a vLLM 0.12.0 one, which schedules
+# synchronously (TP 2, 8 clients).
 SGLANG_ROW = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_1024x128_c16_tp8_epnone_3"
+VLLM_SYNC_ROW = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_1024x128_c8_tp2_epnone_1"
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +80,13 @@ def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
 
 
 def test_calibration_predictions_equal_a_resimulation(rows: pd.DataFrame) -> None:
-    case = silicon_case(_row(rows, SGLANG_ROW))
+    """Exact for a synchronous engine: a step lasts its host time plus its GPU time."""
+    case = silicon_case(_row(rows, VLLM_SYNC_ROW))
     frame, skipped = calibration_frame([case], "roofline")
     assert not skipped
     predicted = predict_with(frame, step_us=300.0, per_seq_us=4.0).iloc[0]
-    overhead = replace(zero_step_overhead("sglang"), step_us=300.0, per_seq_us=4.0)
-    (simulated,), _ = replay([case], "roofline", overheads={"sglang": overhead})
+    overhead = replace(zero_step_overhead("vllm"), step_us=300.0, per_seq_us=4.0)
+    (simulated,), _ = replay([case], "roofline", overheads={"vllm": overhead})
     assert predicted["predicted_ttft_ms"] == pytest.approx(simulated["predicted_ttft_ms"], rel=1e-9)
     assert predicted["predicted_tpot_ms"] == pytest.approx(simulated["predicted_tpot_ms"], rel=1e-9)
     # More overhead never makes a run faster.

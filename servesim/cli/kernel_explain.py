@@ -187,10 +187,10 @@ def attention(q_text: str, kv_text: str, heads: int, kv_heads: int, head_dim: in
               no_causal: bool, gpu: str, estimator: str, explain: bool, output_format: str) -> None:
     """Analyse attention prefill (any --q above 1) or decode."""
     from servesim.hardware import get_gpu
-    from servesim.kernels.engines import get_engine
+    from servesim.kernels.engines import get_engine_kernels
     from servesim.kernels.types import AttentionDecode, AttentionPrefill
 
-    backend = backend or get_engine("vllm").attention_backend(get_gpu(gpu).architecture)
+    backend = backend or get_engine_kernels("vllm").attention_backend(get_gpu(gpu).architecture)
 
     q, kv = _ints(q_text, "--q"), _ints(kv_text, "--kv")
     if len(q) == 1:

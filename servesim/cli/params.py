@@ -54,3 +54,29 @@ class OutputFile(click.Path):
 
 
 __all__ = ["DIMENSION", "POSITIVE_FINITE", "REPLICA_COUNT", "REQUEST_COUNT", "SEED", "OutputFile", "PositiveFinite"]
+
+
+def engine_option(func):
+    """Add ``--engine``: an engine of the registry (its newest modelled release) or one of its releases
+    (``vllm==0.12.0``), refused with servesim's one-line error before any work."""
+    from servesim.serving.engines import ENGINE_CHOICES, parse_engine
+
+    def check(ctx, param, spec: str) -> str:
+        parse_engine(spec)
+        return spec.strip().lower()
+
+    return click.option("--engine", default="vllm", show_default=True, callback=check, metavar="ENGINE[==RELEASE]",
+                        help=f"Serving engine and release whose kernels, defaults, memory rules and scheduler are "
+                             f"modelled: {', '.join(ENGINE_CHOICES)} (an engine alone: its newest modelled "
+                             f"release).")(func)
+
+
+def engine_behaviour_options(func):
+    """Add ``--prefix-caching/--no-prefix-caching`` and ``--async-scheduling/--no-async-scheduling`` (default: the
+    release's own), as ``prefix_caching`` and ``async_scheduling`` (None when not given)."""
+    func = click.option("--async-scheduling/--no-async-scheduling", default=None,
+                        help="Host schedules step n+1 while step n runs (vLLM --async-scheduling, SGLang's overlap "
+                             "scheduler) [default: the release's].")(func)
+    return click.option("--prefix-caching/--no-prefix-caching", default=None,
+                        help="Prefix cache (vLLM automatic prefix caching, SGLang's radix cache) [default: on, as "
+                             "in every modelled release].")(func)

@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
-from servesim.cli.params import DIMENSION, POSITIVE_FINITE, REQUEST_COUNT, SEED
+from servesim.cli.params import (
+    DIMENSION,
+    POSITIVE_FINITE,
+    REQUEST_COUNT,
+    SEED,
+    engine_behaviour_options,
+    engine_option,
+)
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -93,15 +100,14 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     model, dtype = request.model, request.dtype
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     rows = [
-        _quick_row(estimate_gpu(model, gpu, par, request.engine_config(gpu, par), kernel_estimator, input_len,
-                                output_len, dtype))
+        _quick_row(estimate_gpu(request.deployment(gpu, par), kernel_estimator, input_len, output_len))
         for gpu, par in plan_options(request)
     ]
     misfits = [r for r in rows if not r["fits"]]
     if len(misfits) == len(rows) and output_format == "table":
         reasons = "; ".join(f"{r['gpu']} {r['layout']}: {r['note']}" for r in misfits)
         raise ServesimError(f"{model.name} ({dtype}) does not fit: {reasons}")
-    coverages = estimator_coverage(kernel_estimator, request.gpus, dtype, launched_by(request.engine, model, dtype))
+    coverages = estimator_coverage(kernel_estimator, request.gpus, dtype, launched_by(request.engine_name, model, dtype))
     title = (
         f"{model.name} ({dtype}) with {request.engine}, {input_len} prompt + {output_len} output tokens per request "
         f"(quick estimate, no traffic simulated)\nestimator: {kernel_estimator.label}"
@@ -210,13 +216,14 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--gpus", "gpu_list", default="H100", show_default=True, help="Comma-separated GPU names or aliases (see 'servesim gpus'), or 'all'.")
 @click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel GPUs per stage [default: every divisor of the GPUs in a node, TP×PP within a node].")
 @click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
-@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True, help="Serving engine whose kernels, defaults, memory rules and scheduler are modelled.")
+@engine_option
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True, help="Weight and activation precision (fp8 = W8A8 with per-tensor scales).")
 @estimator_option
 @click.option("--max-num-seqs", type=DIMENSION, help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
 @click.option("--max-num-batched-tokens", type=DIMENSION, help="Token budget per step / prefill chunk size; engine default if unset.")
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True, help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token).")
+@engine_behaviour_options
 @click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
 @click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
 @click.option("--arrival", type=click.Choice(("poisson", "trace")), default=None, help="Arrival process whose rate is searched: poisson, or the profile's or trace's own gaps rescaled [default: poisson].")
@@ -237,7 +244,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--output-len", type=DIMENSION, default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                 memory_fraction, kv_cache_dtype, source, num_requests, arrival, seed, qps, concurrency, tolerance,
+                 memory_fraction, kv_cache_dtype, prefix_caching, async_scheduling, source, num_requests, arrival, seed, qps, concurrency, tolerance,
                  gpu_budget, prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len,
                  output_len, output_format, **slo_limits) -> None:
     """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
@@ -281,7 +288,8 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
         dtype=dtype,
         estimator=estimator,
         engine_overrides=(("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                          ("memory_fraction", memory_fraction), ("kv_cache_dtype", kv_cache_dtype)),
+                          ("memory_fraction", memory_fraction), ("kv_cache_dtype", kv_cache_dtype),
+                          ("enable_prefix_caching", prefix_caching), ("async_scheduling", async_scheduling)),
         mode=mode,
         target=qps if mode == "qps" else concurrency,
         tolerance=tolerance,
@@ -329,7 +337,7 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
     finally:
         executor.close()
     coverages = estimator_coverage(kernel_estimator, request.gpus, request.dtype,
-                                   launched_by(request.engine, request.model, request.dtype))
+                                   launched_by(request.engine_name, request.model, request.dtype))
     payload = plan_payload(plan, kernel_estimator.label, coverages)
     if plot_dir is not None:
         from servesim.planner.plots import write_plots

@@ -8,7 +8,16 @@ import math
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options
-from servesim.cli.params import DIMENSION, POSITIVE_FINITE, REPLICA_COUNT, REQUEST_COUNT, SEED, OutputFile
+from servesim.cli.params import (
+    DIMENSION,
+    POSITIVE_FINITE,
+    REPLICA_COUNT,
+    REQUEST_COUNT,
+    SEED,
+    OutputFile,
+    engine_behaviour_options,
+    engine_option,
+)
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
@@ -29,7 +38,7 @@ def _engine_options(func):
         click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'."),
         click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size."),
         click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline stages."),
-        click.option("--engine", type=click.Choice(("vllm", "sglang")), default="vllm", show_default=True),
+        engine_option,
         click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 or fp8-block."),
         estimator_option,
         click.option("--max-num-seqs", type=DIMENSION, default=None,
@@ -40,27 +49,27 @@ def _engine_options(func):
                      help="vLLM gpu_memory_utilization / SGLang mem_fraction_static [default: the engine's]."),
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
                      help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token)."),
+        engine_behaviour_options,
     )):
         func = option(func)
     return func
 
 
 def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-           gpu_memory_utilization, kv_cache_dtype):
-    from servesim.estimator import get_estimator
+           gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling):
+    """The deployment the options describe and its step-time model."""
     from servesim.hardware import get_gpu
     from servesim.models import get_model
-    from servesim.models.parallel import Parallelism, validate_parallelism
-    from servesim.serving.config import default_engine_config
+    from servesim.models.parallel import Parallelism
+    from servesim.serving.deployment import build_deployment
     from servesim.serving.step_time import StepTimeModel
 
-    model, gpu, par = get_model(model_ref), get_gpu(gpu_name), Parallelism(tp, pp)
-    validate_parallelism(model, par)
-    cfg = default_engine_config(engine, gpu, par).with_overrides(
+    deployment = build_deployment(
+        get_model(model_ref), get_gpu(gpu_name), Parallelism(tp, pp), engine, dtype, estimator,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype)
-    return model, gpu, par, cfg, StepTimeModel(engine, model, gpu, par, get_estimator(estimator), dtype,
-                                               kv_cache_dtype=kv_cache_dtype)
+        memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
+        enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling)
+    return deployment, StepTimeModel(deployment)
 
 
 def parse_slos(text: str) -> dict[str, float]:
@@ -113,8 +122,9 @@ def _latency_rows(summary: dict) -> list[dict]:
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                     gpu_memory_utilization, kv_cache_dtype, source, num_requests, qps, concurrency, arrival, cv, seed,
-                     replicas, router, goodput_text, requests_csv, trace_path, output_format) -> None:
+                     gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, source, num_requests,
+                     qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
+                     output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
 
     \b
@@ -125,13 +135,14 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
-    model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
-                                              max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
+    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
+                                    max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
+                                    async_scheduling)
+    model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
                               cv=cv)
-    result = simulate(model, gpu, par, cfg, workload, step_model=step_model, replicas=replicas, router=router,
-                      seed=seed)
+    result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed)
     summary = result.summary()
     if slos:
         summary["goodput_req_per_s"] = result.goodput(slos)
@@ -155,11 +166,14 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     ]
     if slos:
         notes.append(f"goodput {summary['goodput_req_per_s']:,.2f} req/s meeting {goodput_text}")
-    coverages = estimator_coverage(step_model.estimator, [gpu], dtype, launched_by(engine, model, dtype))
+    if summary.get("prefix_cache_hit_ratio") is not None:
+        notes.append(f"prefix cache: {summary['prefix_cache_hit_ratio']:.1%} of prompt tokens served from cache")
+    coverages = estimator_coverage(step_model.estimator, [gpu], dtype, launched_by(cfg.engine, model, dtype))
     notes += coverage_notes(coverages)
+    notes.append(f"launch: {deployment.launch_command()}")
     emit(_latency_rows(summary), LATENCY_COLUMNS, output_format, title=title, notes=notes,
-         json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages],
-                       "summary": summary})
+         json_payload={"config": {**result.info, "launch_command": deployment.launch_command()},
+                       "estimator_coverage": [c.to_json() for c in coverages], "summary": summary})
 
 
 @click.command("latency")
@@ -169,7 +183,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
 @click.option("--output-len", type=DIMENSION, default=128, show_default=True)
 @output_format_options
 def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                    gpu_memory_utilization, kv_cache_dtype, batch_size, input_len, output_len, output_format) -> None:
+                    gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, batch_size, input_len,
+                    output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
 
     \b
@@ -180,11 +195,13 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
-    model, gpu, par, cfg, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
-                                              max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype)
+    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
+                                    max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
+                                    async_scheduling)
+    model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")
-    result = simulate(model, gpu, par, cfg, workload, step_model=step_model)
+    result = simulate(deployment, workload, step_model=step_model)
     summary = result.summary()
     row = {
         "latency_s": summary["duration_s"], "ttft_ms": summary["ttft_mean_ms"], "tpot_ms": summary["tpot_mean_ms"],
@@ -195,7 +212,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
                Column("steps", "steps", ",d"))
     title = (f"{model.name} on {par} {gpu.name}, {cfg.engine} {cfg.version}: batch {batch_size}, input {input_len}, "
              f"output {output_len}")
-    coverages = estimator_coverage(step_model.estimator, [gpu], dtype, launched_by(engine, model, dtype))
+    coverages = estimator_coverage(step_model.estimator, [gpu], dtype, launched_by(cfg.engine, model, dtype))
     emit([row], columns, output_format, title=title, notes=coverage_notes(coverages),
          json_payload={"config": dict(result.info), "estimator_coverage": [c.to_json() for c in coverages], **row})
 

@@ -79,7 +79,7 @@ def _pad(tokens: int, capture_sizes: tuple[int, ...]) -> int:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineKernels:
     """One engine version's kernel-relevant defaults."""
 
     name: str
@@ -130,8 +130,8 @@ class EngineConfig:
         return "custom_ar" if nbytes < gpu.custom_ar_limit_bytes else "nccl"
 
 
-@dataclass(frozen=True, eq=False)  # keeps EngineConfig's hash (name, version)
-class VllmConfig(EngineConfig):
+@dataclass(frozen=True, eq=False)  # keeps EngineKernels's hash (name, version)
+class VllmKernels(EngineKernels):
     """vLLM V1 0.11: ``cudagraph_mode=FULL_AND_PIECEWISE``; capture sizes 1, 2, 4 and multiples of 8 up to
     ``min(2 * max_num_seqs, 512)`` = 512 for the OpenAI server's ``max_num_seqs`` (256 or 1024)."""
 
@@ -148,7 +148,7 @@ class VllmConfig(EngineConfig):
 
 
 @dataclass(frozen=True, eq=False)
-class SglangConfig(EngineConfig):
+class SglangKernels(EngineKernels):
     """SGLang 0.5: CUDA graphs for decode batches only, up to ``cuda_graph_max_bs`` chosen from GPU memory and TP
     (server_args ``_handle_gpu_memory_settings``); capture list 1, 2, 4, 8, 12, 16..256 step 8, 272..496 step 16,
     512.. step 32."""
@@ -167,14 +167,14 @@ class SglangConfig(EngineConfig):
         return GraphPlan("full", _pad(num_tokens, self.capture_sizes(gpu, tp)))
 
 
-VLLM = VllmConfig(
+VLLM = VllmKernels(
     name="vllm",
     version="0.11.0",
     attention_backends={"ampere": "fa2", "ada": "fa2", "hopper": "fa3", "blackwell": "flashinfer"},
     splits_mixed_attention=("flashinfer",),
 )
 
-SGLANG = SglangConfig(
+SGLANG = SglangKernels(
     name="sglang",
     version="0.5.3",
     attention_backends={"ampere": "flashinfer", "ada": "flashinfer", "hopper": "fa3", "blackwell": "trtllm_mha"},
@@ -185,13 +185,15 @@ SGLANG = SglangConfig(
     fp8_tensor_library="sgl_kernel",
 )
 
-ENGINES: dict[str, EngineConfig] = {e.name: e for e in (VLLM, SGLANG)}
+ENGINE_KERNELS: dict[str, EngineKernels] = {e.name: e for e in (VLLM, SGLANG)}
 
 
-def get_engine(name: str) -> EngineConfig:
+def get_engine_kernels(name: str) -> EngineKernels:
+    """The kernel-relevant defaults of engine ``name`` (the engine registry, servesim/serving/engines.py, names
+    the engines and their releases)."""
     try:
-        return ENGINES[name.strip().lower()]
+        return ENGINE_KERNELS[name.strip().lower()]
     except KeyError:
         raise ServesimError(
-            f"unknown engine {name!r}.{suggest(name, ENGINES)} Choose one of: {', '.join(ENGINES)}."
+            f"unknown engine {name!r}.{suggest(name, ENGINE_KERNELS)} Choose one of: {', '.join(ENGINE_KERNELS)}."
         ) from None

@@ -15,7 +15,7 @@ from typing import Union
 from servesim.errors import ServesimError
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
-from servesim.kernels.engines import EngineConfig, GpuTraits, GraphPlan, get_engine, gpu_traits
+from servesim.kernels.engines import EngineKernels, GpuTraits, GraphPlan, get_engine_kernels, gpu_traits
 from servesim.kernels.types import (
     AddRMSNorm,
     AttentionDecode,
@@ -167,7 +167,7 @@ def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int) -> None:
 class _Ctx:
     """Everything one layer's expansion needs, derived once per step."""
 
-    engine: EngineConfig
+    engine: EngineKernels
     model: ModelConfig
     gpu: GpuTraits
     batch: BatchSpec
@@ -205,7 +205,7 @@ class _Ctx:
 
 
 def _attention(ctx: _Ctx) -> list[Kernel]:
-    """The attention kernels of one layer for the engine's backend (see EngineConfig's flags)."""
+    """The attention kernels of one layer for the engine's backend (see EngineKernels's flags)."""
     batch, model = ctx.batch, ctx.model
     common = dict(
         num_heads=ctx.heads,
@@ -396,7 +396,7 @@ def expand(
     Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype): a
     simulator calls it for every step and repeated step shapes cost a dictionary look-up.
     """
-    config = get_engine(engine)
+    config = get_engine_kernels(engine)
     if dtype not in WEIGHT_DTYPES:
         raise ServesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -430,7 +430,7 @@ def kv_storage_dtype(weights: str, kv_cache_dtype: str) -> str:
 
 
 def _context(
-    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
+    config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
     kv_cache_dtype: str, plan: GraphPlan,
 ) -> _Ctx:
     act = activation_dtype(dtype)
@@ -473,7 +473,7 @@ def step_part(
       other ops whose shape follows the number of requests rather than of tokens (besides the graph mode)."""
     if part not in STEP_PARTS:
         raise ServesimError(f"unknown step part {part!r}; choose one of {', '.join(STEP_PARTS)}")
-    config = get_engine(engine)
+    config = get_engine_kernels(engine)
     traits = gpu_traits(gpu, config.name, tp)
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
@@ -482,7 +482,7 @@ def step_part(
 
 @functools.lru_cache(maxsize=8192)
 def _expand_cached(
-    config: EngineConfig, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
+    config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
     dtype: str, kv_cache_dtype: str,
 ) -> StepKernels:
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)

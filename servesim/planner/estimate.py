@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from servesim.estimator.base import KernelEstimator
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
-from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryPlan
 from servesim.models.parallel import Parallelism
-from servesim.serving.config import EngineConfig, engine_memory_plan
+from servesim.serving.config import EngineSettings
+from servesim.serving.deployment import Deployment
 from servesim.serving.step_time import StepTimeModel
 
 
@@ -26,7 +26,7 @@ class GpuEstimate:
 
     gpu: GpuSpec
     par: Parallelism
-    engine: EngineConfig
+    engine: EngineSettings
     memory: MemoryPlan
     input_len: int
     output_len: int
@@ -81,14 +81,10 @@ def prefill_chunks(prompt_tokens: int, chunk_tokens: int) -> list[BatchSpec]:
 
 
 def estimate_gpu(
-    model: ModelConfig,
-    gpu: GpuSpec,
-    par: Parallelism,
-    engine: EngineConfig,
+    deployment: Deployment,
     estimator: KernelEstimator,
     input_len: int,
     output_len: int,
-    dtype: str = "bf16",
     step_model: StepTimeModel | None = None,
 ) -> GpuEstimate:
     """Estimate one GPU option; a model that does not fit gets its memory plan and no times.
@@ -96,16 +92,14 @@ def estimate_gpu(
     Pass the ``step_model`` a later simulation of the same option will use, so that it starts with these steps
     already predicted.
     """
-    weight_dtype = "fp8" if dtype.startswith("fp8") else dtype
-    memory = engine_memory_plan(model, gpu, par, engine, weight_dtype=weight_dtype)
+    gpu, par, engine, memory = deployment.gpu, deployment.par, deployment.settings, deployment.memory
     context = input_len + output_len
     loaded = min(engine.max_num_seqs, memory.max_sequences(context)) if memory.fits else 0
     base = GpuEstimate(gpu, par, engine, memory, input_len, output_len, loaded_batch=loaded)
     if loaded == 0:
         return base
 
-    steps = step_model or StepTimeModel(engine.engine, model, gpu, par, estimator, dtype,
-                                        kv_cache_dtype=engine.kv_cache_dtype)
+    steps = step_model or StepTimeModel(deployment, estimator)
     prefill_us = sum(steps.step_time_us(b).latency_us for b in prefill_chunks(input_len, engine.max_num_batched_tokens))
     mid_context = input_len + output_len // 2
     tpot1_us = steps.step_time_us(BatchSpec(decodes=(mid_context,))).latency_us

@@ -28,7 +28,7 @@ from servesim.planner.search import (
     step_model,
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
-from servesim.serving.config import EngineConfig, default_engine_config, engine_memory_plan
+from servesim.serving.deployment import Deployment, build_deployment
 from servesim.serving.step_time import StepTimeModel
 from servesim.workloads.request import Workload
 
@@ -50,7 +50,7 @@ class PlanRequest:
     pp: int | None = None
     dtype: str = "bf16"
     estimator: str = DEFAULT_ESTIMATOR
-    engine_overrides: tuple[tuple[str, int | float | str | None], ...] = ()  # EngineConfig.with_overrides arguments
+    engine_overrides: tuple[tuple[str, int | float | str | None], ...] = ()  # build_deployment's settings
     mode: str = "qps"  # qps | concurrency
     target: float | None = None  # requests/s (qps) or clients (concurrency) to serve in total
     tolerance: float = 0.05
@@ -60,8 +60,14 @@ class PlanRequest:
     def kv_cache_dtype(self) -> str:
         return dict(self.engine_overrides).get("kv_cache_dtype") or "auto"
 
-    def engine_config(self, gpu: GpuSpec, par: Parallelism) -> EngineConfig:
-        return default_engine_config(self.engine, gpu, par).with_overrides(**dict(self.engine_overrides))
+    @property
+    def engine_name(self) -> str:
+        """The engine, without the release ``engine`` may name (``vllm==0.12.0``)."""
+        return self.engine.partition("==")[0]
+
+    def deployment(self, gpu: GpuSpec, par: Parallelism) -> Deployment:
+        return build_deployment(self.model, gpu, par, self.engine, self.dtype, self.estimator,
+                                **dict(self.engine_overrides))
 
 
 @dataclass(frozen=True)
@@ -144,8 +150,7 @@ def plan_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism]]:
 def option_tasks(request: PlanRequest) -> list[OptionTask]:
     """One search task per (GPU, layout), GPU by GPU."""
     return [
-        OptionTask(request.model, gpu, par, request.engine_config(gpu, par), request.dtype, request.estimator,
-                   request.workload, request.slos, request.mode, request.tolerance)
+        OptionTask(request.deployment(gpu, par), request.workload, request.slos, request.mode, request.tolerance)
         for gpu, par in plan_options(request)
     ]
 
@@ -183,8 +188,8 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
     first: dict[tuple, StepTimeModel] = {}
     results = []
     for task in tasks:
-        key = (task.gpu, task.par.tp, task.engine.engine, task.engine.kv_cache_dtype, task.model, task.dtype,
-               task.estimator)
+        dep = task.deployment
+        key = (dep.gpu, dep.par.tp, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype, dep.estimator)
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
         results.append(search_capacity(task, steps))
@@ -364,11 +369,10 @@ def _fitting_suggestion(request: PlanRequest) -> str:
     from servesim.hardware import load_catalogue
 
     model = request.model
-    weight_dtype = "fp8" if request.dtype.startswith("fp8") else request.dtype
     fits = []
     for gpu in load_catalogue().values():
         for par in candidate_layouts(model, gpu, None, 1):
-            if engine_memory_plan(model, gpu, par, request.engine_config(gpu, par), weight_dtype=weight_dtype).fits:
+            if request.deployment(gpu, par).memory.fits:
                 fits.append((par.num_gpus, gpu.memory_gib, gpu.name, str(par)))
                 break
     if not fits:

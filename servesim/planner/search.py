@@ -28,7 +28,7 @@ from servesim.models.config import ModelConfig
 from servesim.models.parallel import Parallelism
 from servesim.planner.estimate import GpuEstimate, estimate_gpu
 from servesim.planner.slo import METRIC_LABELS, Slo, measure, meets, ms, ratios, worst
-from servesim.serving.config import EngineConfig
+from servesim.serving.deployment import Deployment
 from servesim.serving.metrics import SimulationResult
 from servesim.serving.simulator import simulate
 from servesim.serving.step_time import StepTimeModel
@@ -60,16 +60,23 @@ LATENCY_KEYS = tuple(f"{m}_p{p}_ms" for m in ("ttft", "tpot", "e2e") for p in (5
 class OptionTask:
     """Everything one option's search needs; picklable, so a process or a Ray worker can run it."""
 
-    model: ModelConfig
-    gpu: GpuSpec
-    par: Parallelism
-    engine: EngineConfig
-    dtype: str
-    estimator: str
+    deployment: Deployment
     workload: Workload  # open loop: arrivals at 1 request/s; closed loop: concurrency 1
     slos: tuple[Slo, ...]
     mode: str = "qps"  # qps | concurrency
     tolerance: float = 0.05  # relative width of the final bracket
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.deployment.model
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return self.deployment.gpu
+
+    @property
+    def par(self) -> Parallelism:
+        return self.deployment.par
 
     @property
     def label(self) -> str:
@@ -142,7 +149,7 @@ def stop_rules(slos: tuple[Slo, ...], workload: Workload) -> tuple[StopRule, ...
 def _probe(task: OptionTask, steps: StepTimeModel, workload: Workload, load: float, stop_early: bool = True) -> Probe:
     nan = float("nan")
     try:
-        result = simulate(task.model, task.gpu, task.par, task.engine, workload, step_model=steps,
+        result = simulate(task.deployment, workload, step_model=steps,
                           stop_rules=stop_rules(task.slos, workload) if stop_early else ())
     except StoppedEarly as stop:
         return Probe(load=load, meets_slos=False, sustained=True, slo_values_ms=(nan,) * len(task.slos),
@@ -274,9 +281,8 @@ def _crossing_load(probes: dict[float, Probe], low: float, high: float, slos: tu
 def step_model(task: OptionTask, shares_with: StepTimeModel | None = None) -> StepTimeModel:
     """The step-time model of the task's option, sharing the per-layer times of ``shares_with`` (an option of the
     same GPU and TP under the same plan) when given."""
-    estimator = get_estimator(task.estimator) if shares_with is None else shares_with.estimator
-    return StepTimeModel(task.engine.engine, task.model, task.gpu, task.par, estimator, task.dtype,
-                         kv_cache_dtype=task.engine.kv_cache_dtype, shares_with=shares_with)
+    estimator = get_estimator(task.deployment.estimator) if shares_with is None else shares_with.estimator
+    return StepTimeModel(task.deployment, estimator, shares_with=shares_with)
 
 
 def search_capacity(task: OptionTask, steps: StepTimeModel | None = None) -> OptionResult:
@@ -286,8 +292,8 @@ def search_capacity(task: OptionTask, steps: StepTimeModel | None = None) -> Opt
     estimator = steps.estimator
     mean_prompt = float(task.workload.prompt_tokens.mean())
     mean_output = float(task.workload.output_tokens.mean())
-    estimate = estimate_gpu(task.model, task.gpu, task.par, task.engine, estimator, max(1, round(mean_prompt)),
-                            max(1, round(mean_output)), task.dtype, step_model=steps)
+    estimate = estimate_gpu(task.deployment, estimator, max(1, round(mean_prompt)), max(1, round(mean_output)),
+                            step_model=steps)
 
     def finish(status: str, **fields) -> OptionResult:
         return OptionResult(task, status, estimate, **fields)

@@ -108,13 +108,14 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     counts = np.array([row[:7] for row in state], dtype=np.int64)
     times = np.array([(batch.end_s, *row[7:]) for batch, row in zip(batches, state)])
     pattern = np.array([batch.blocks for batch in batches], dtype=np.int64)
-    host_s = np.array([replica.cpu_free_s, *replica.stage_free_s])
+    host_s = np.array([replica.cpu_free_s, *replica.stage_free_s, replica.gpu_start_s])
     pool = np.array([0, scheduler.free, scheduler.kv_used_tokens, scheduler.kv_unit_tokens, 0])
     rows = np.empty((_RECORDS, len(STEP_LOG_COLUMNS)))  # the step log's rows of the relaunches
     launched = np.empty((_RECORDS, 2))  # each relaunched batch's launch time (its previous end), and which it was
     launches = 0
     while True:
-        status, b = _relaunch_loop(replica.index, counts, times, pattern, host_s, pool, rows, launched, horizon_s)
+        status, b = _relaunch_loop(replica.index, counts, times, pattern, host_s, pool, rows, launched, horizon_s,
+                                   replica.async_scheduling)
         records = int(pool[4])
         launches += records
         log.extend(rows[:records].copy())
@@ -139,7 +140,8 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     scheduler.free = int(pool[1])
     scheduler.decode_launched(launches)
     replica.cpu_free_s = float(host_s[0])
-    replica.stage_free_s = host_s[1:].tolist()
+    replica.stage_free_s = host_s[1:-1].tolist()
+    replica.gpu_start_s = float(host_s[-1])
 
 
 def _relaunches(batch: RelaunchBatch, horizon_s: float, free: int) -> bool:
@@ -164,17 +166,19 @@ def _span_row(span: DecodeSpan) -> tuple:
 
 @jit
 def _relaunch_loop(replica: int, counts: np.ndarray, times: np.ndarray, pattern: np.ndarray, host_s: np.ndarray,
-                   pool: np.ndarray, rows: np.ndarray, launched: np.ndarray, horizon_s: float) -> tuple[int, int]:
+                   pool: np.ndarray, rows: np.ndarray, launched: np.ndarray, horizon_s: float,
+                   async_scheduling: bool) -> tuple[int, int]:
     """Relaunch batches in turn from ``pool[0]`` on, as :func:`_relaunch` describes, updating the arrays in place.
     Per batch, ``counts`` holds (relaunches so far, limit, decodes, context tokens, longest context, its decode
     span's low context and length: -1 without one) and ``times`` (end, then :func:`_span_row`'s times); ``host_s``
-    is the host's and then each stage's free time, ``pool`` (next batch, free KV units, KV in use, tokens per unit,
+    is the host's and then each stage's free time, then the last step's GPU start, ``pool`` (next batch, free KV units, KV in use, tokens per unit,
     relaunches buffered). Each relaunch's step-log row goes to ``rows``, its batch's launch time and index to
     ``launched``. Returns why it stopped and the batch it stopped at.
 
     The arithmetic is the simulator's, operation for operation: a step's time from its decode span
-    (``DecodeSpan.at``), then the host and the stages occupied in turn (``_Replica.occupy``)."""
-    batches, stages = len(counts), len(host_s) - 1
+    (``DecodeSpan.at``), then the host and the stages occupied in turn (``_Replica.occupy``, or under async
+    scheduling ``_Replica.host_start_s`` and ``occupy_async``)."""
+    batches, stages = len(counts), len(host_s) - 2
     b, free, kv_used, unit = pool[0], pool[1], pool[2], pool[3]
     records, status = 0, _STOPPED
     while True:
@@ -198,11 +202,23 @@ def _relaunch_loop(replica: int, counts: np.ndarray, times: np.ndarray, pattern:
         at_low = context == low
         weight = 0.0 if at_low else (context - low) / span
         overhead_us = times[b, 1] if at_low else times[b, 1] + weight * times[b, 2 + stages]
-        start_s = end_s if end_s > host_s[0] else host_s[0]
-        t_s = host_s[0] = start_s + overhead_us * 1e-6
-        for stage in range(stages):
-            stage_us = times[b, 2 + stage] if at_low else times[b, 2 + stage] + weight * times[b, 3 + stages + stage]
-            t_s = host_s[1 + stage] = (t_s if t_s > host_s[1 + stage] else host_s[1 + stage]) + stage_us * 1e-6
+        if async_scheduling:  # one stage, relaunched as it ends: the host began while it ran
+            stage_us = times[b, 2] if at_low else times[b, 2] + weight * times[b, 3 + stages]
+            host_start_s = host_s[stages + 1] if host_s[1] >= end_s else end_s
+            if host_s[0] > host_start_s:
+                host_start_s = host_s[0]
+            ready_s = host_s[0] = host_start_s + overhead_us * 1e-6
+            start_s = end_s if end_s > ready_s else ready_s
+            if host_s[1] > start_s:
+                start_s = host_s[1]
+            host_s[stages + 1] = start_s
+            t_s = host_s[1] = start_s + stage_us * 1e-6
+        else:
+            start_s = end_s if end_s > host_s[0] else host_s[0]
+            t_s = host_s[0] = start_s + overhead_us * 1e-6
+            for stage in range(stages):
+                stage_us = times[b, 2 + stage] if at_low else times[b, 2 + stage] + weight * times[b, 3 + stages + stage]
+                t_s = host_s[1 + stage] = (t_s if t_s > host_s[1 + stage] else host_s[1 + stage]) + stage_us * 1e-6
         row = rows[records]  # as the simulator logs a launch: (replica, start, end, requests, tokens, prefill
         row[0], row[1], row[2], row[3] = replica, start_s, t_s, size  # tokens, decodes, KV in use)
         row[4], row[5], row[6], row[7] = size, 0, size, kv_used

@@ -56,6 +56,7 @@ class SimulationResult:
     first_token_s: np.ndarray
     finish_s: np.ndarray
     preemptions: np.ndarray
+    cached_tokens: np.ndarray  # prompt tokens served from the prefix cache at the request's (last) admission
     token_offsets: np.ndarray
     token_times_s: np.ndarray
     steps: StepRecord
@@ -95,6 +96,7 @@ class SimulationResult:
             "replica": self.replica,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
             "arrival_s": self.issue_s,
             "queue_ms": (self.first_scheduled_s - self.issue_s) * 1e3,
             "ttft_ms": self.ttft_s * 1e3,
@@ -133,6 +135,8 @@ class SimulationResult:
             out.update(_aggregate(name, values * 1e3))
         out.update({
             "preemptions": int(self.preemptions.sum()),
+            "prefix_cache_hit_ratio": float(self.cached_tokens.sum() / self.prompt_tokens.sum())
+            if len(self) else float("nan"),
             "steps": len(steps.start_s),
             "mean_batch_size": _weighted_mean(steps.num_requests, busy),
             "mean_tokens_per_step": float(steps.num_tokens.mean()) if len(steps.num_tokens) else float("nan"),

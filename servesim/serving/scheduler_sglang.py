@@ -1,7 +1,8 @@
 """SGLang's scheduler (``srt/managers/scheduler.py``, ``schedule_policy.py``, ``schedule_batch.py``, 0.5.x),
 reduced to what decides timing: prefill batches before decode batches, chunked prefill of one request at a time,
 admission against KV memory reserved through the new-token ratio, and retraction when a decode runs out of
-memory. Radix-cache hits, the overlap scheduler and mixed chunks (off by default) are not modelled.
+memory; radix-cache hits as servesim/serving/scheduler.py describes them. Mixed chunks (off by default) are not
+modelled.
 
 One step, as SGLang forms it (FCFS, page size 1):
 
@@ -18,12 +19,12 @@ One step, as SGLang forms it (FCFS, page size 1):
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
-from servesim.serving.config import EngineConfig
+from servesim.serving.config import EngineSettings
+from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import RequestState, Step, make_step
 
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -33,49 +34,26 @@ RETRACT_DECODE_STEPS = 20
 CLIP_MAX_NEW_TOKENS = 4096
 
 
-class SglangScheduler:
+class SglangScheduler(Scheduler):
     """FCFS prefill-priority batching over a pool of ``kv_tokens`` token slots."""
 
-    def __init__(self, cfg: EngineConfig, kv_tokens: int) -> None:
+    def __init__(self, cfg: EngineSettings, kv_tokens: int) -> None:
+        # The pool is counted in token slots; the radix cache matches whole pages.
+        super().__init__(kv_tokens, 1, cfg.block_size, cfg.enable_prefix_caching)
         self.chunk_size = cfg.max_num_batched_tokens
         # SGLang caps running requests at half the pool (model_runner.py) besides the configured limit.
         self.max_running = min(cfg.max_num_seqs, kv_tokens // 2)
-        self.capacity = kv_tokens
-        self.free = kv_tokens
-        self.kv_unit_tokens = 1  # the pool is counted in token slots
         self.init_ratio = INIT_NEW_TOKEN_RATIO
         self.min_ratio = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
         self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_ratio
-        self.waiting: deque[RequestState] = deque()
-        self.running: list[RequestState] = []  # prompt done, decoding
         self.chunked: RequestState | None = None  # the one request whose prompt is part-way through
-
-    @property
-    def kv_used_tokens(self) -> int:
-        return (self.capacity - self.free) * self.kv_unit_tokens
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.capacity
 
     def fits(self, req: RequestState) -> bool:
         return req.prompt + req.output <= self.capacity
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running) + (self.chunked is not None)
-
-    def add(self, req: RequestState) -> None:
-        self.waiting.append(req)
-
-    def release(self, req: RequestState) -> None:
-        self.running.remove(req)
-        self.free += req.kv_held
-        req.kv_held = 0
-
-    def _take(self, req: RequestState, new: int) -> None:
-        self.free -= new
-        req.kv_held += new
 
     def steady_decode(self, batch_sizes: Sequence[int]) -> bool:
         """Whether relaunching each in-flight decode micro-batch of ``batch_sizes`` requests unchanged is all this
@@ -123,7 +101,7 @@ class SglangScheduler:
         if self._no_prefill():
             return None
         rem_chunk = self.chunk_size
-        rem_total = self.free - self._reserved_tokens()
+        rem_total = self.available - self._reserved_tokens()
         reqs: list[RequestState] = []
         news: list[int] = []
         if self.chunked is not None:
@@ -139,11 +117,16 @@ class SglangScheduler:
             rem_total -= new
         while self.waiting and rem_chunk > 0 and len(self.running) + (self.chunked is not None) < self.max_running:
             req = self.waiting[0]
-            extend = req.seq_len
+            if req.issue_s > self.admit_before_s:
+                break
+            path, hit, pinned = self.lookup(req)
+            extend = req.seq_len - hit
             total = extend + min(req.output - req.generated, CLIP_MAX_NEW_TOKENS)
-            if total > rem_total:
+            if total + pinned > rem_total:
                 break
             self.waiting.popleft()
+            self.admit_hit(req, path, hit)
+            rem_total -= pinned
             new = min(extend, rem_chunk)
             self._take(req, new)
             reqs.append(req)
@@ -162,9 +145,9 @@ class SglangScheduler:
         reqs = [r for r in self.running if not r.in_flight]
         if not reqs:
             return None
-        if self.free < len(reqs):
+        if self.available < len(reqs):
             self._retract(reqs)
-            if self.free < len(reqs):
+            if self.available < len(reqs):
                 return None  # what is left waits for micro-batches still in the pipeline
         else:
             self.decode_launched()
@@ -178,12 +161,9 @@ class SglangScheduler:
         while len(reqs) > 1:
             victim = reqs.pop()
             self.running.remove(victim)
-            self.free += victim.kv_held
-            victim.kv_held = 0
-            victim.computed = 0
-            victim.preemptions += 1
+            self._preempted(victim)
             self.waiting.append(victim)
-            if self.free >= len(reqs):
+            if self.available >= len(reqs):
                 break
         decoded = sum(r.generated for r in reqs)
         budget = sum(r.output for r in reqs)

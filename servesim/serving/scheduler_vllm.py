@@ -2,7 +2,7 @@
 timing: the per-step token budget, ``max_num_seqs``, running requests before waiting ones, chunked prefill, paged
 KV blocks, and preemption by recompute.
 
-One step, as V1 forms it (FCFS, no prefix-cache hits):
+One step, as V1 forms it (FCFS; prefix-cache hits as servesim/serving/scheduler.py describes):
 
 1. Running requests in order. Each gets ``min(tokens left to compute, budget left)`` new tokens: 1 for a decode,
    the rest of its prompt (a chunk) for a partial prefill. Its blocks are topped up to cover the new tokens; when
@@ -10,17 +10,18 @@ One step, as V1 forms it (FCFS, no prefix-cache hits):
    front of the waiting queue) until the allocation fits, or the request itself was the one preempted.
 2. Only if nothing was preempted: waiting requests in order, while budget is left and fewer than ``max_num_seqs``
    run. Each gets ``min(prompt, budget left)`` tokens (a longer prompt is chunked and continues next step as a
-   running request) if the pool has blocks for them; else admission stops.
+   running request) if the pool has blocks for them; else admission stops. Tokens its prompt finds in the
+   prefix cache are not computed: its chunk starts after them.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
-from servesim.serving.config import EngineConfig
+from servesim.serving.config import EngineSettings
+from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import RequestState, Step, make_step
 
 
@@ -28,29 +29,16 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-class VllmScheduler:
+class VllmScheduler(Scheduler):
     """FCFS continuous batching over a pool of ``num_blocks`` KV blocks of ``cfg.block_size`` tokens."""
 
-    def __init__(self, cfg: EngineConfig, kv_tokens: int) -> None:
+    def __init__(self, cfg: EngineSettings, kv_tokens: int) -> None:
+        # The block pool keeps one null block that no request can use.
+        super().__init__(kv_tokens // cfg.block_size - 1, cfg.block_size, cfg.block_size, cfg.enable_prefix_caching)
         self.block_size = cfg.block_size
         self.token_budget = cfg.max_num_batched_tokens
         self.max_num_seqs = cfg.max_num_seqs
         self.chunked_prefill = cfg.enable_chunked_prefill
-        # The block pool keeps one null block that no request can use.
-        self.capacity = kv_tokens // cfg.block_size - 1
-        self.free = self.capacity
-        self.kv_unit_tokens = cfg.block_size  # the pool is counted in blocks
-        self.waiting: deque[RequestState] = deque()
-        self.running: list[RequestState] = []
-
-    @property
-    def kv_used_tokens(self) -> int:
-        """KV memory in use, in token slots (whole blocks)."""
-        return (self.capacity - self.free) * self.kv_unit_tokens
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.capacity * self.block_size
 
     def fits(self, req: RequestState) -> bool:
         """Whether the request's full sequence fits the pool at all (vLLM refuses longer ones)."""
@@ -59,22 +47,6 @@ class VllmScheduler:
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def add(self, req: RequestState) -> None:
-        self.waiting.append(req)
-
-    def release(self, req: RequestState) -> None:
-        """Free a finished request's blocks."""
-        self.running.remove(req)
-        self.free += req.kv_held
-        req.kv_held = 0
-
-    def _blocks_to_add(self, req: RequestState, new_tokens: int) -> int:
-        return -(-(req.computed + new_tokens) // self.block_size) - req.kv_held
-
-    def _take(self, req: RequestState, blocks: int) -> None:
-        self.free -= blocks
-        req.kv_held += blocks
-
     def _preempt_newest(self, first: int) -> RequestState | None:
         """Preempt the newest running request from position ``first`` on (those before it are scheduled this
         step) that is not still in the pipeline."""
@@ -82,10 +54,7 @@ class VllmScheduler:
             victim = self.running[i]
             if not victim.in_flight:
                 del self.running[i]
-                self.free += victim.kv_held
-                victim.kv_held = 0
-                victim.computed = 0
-                victim.preemptions += 1
+                self._preempted(victim)
                 self.waiting.appendleft(victim)
                 return victim
         return None
@@ -102,15 +71,18 @@ class VllmScheduler:
         head = self.waiting[0]
         return all(self._admission(head, self.token_budget - size) is None for size in batch_sizes)
 
-    def _admission(self, req: RequestState, budget: int) -> tuple[int, int] | None:
-        """(new tokens, blocks) with which the waiting ``req`` joins a step with ``budget`` tokens left, or None
-        when it cannot: no budget, an unchunkable prompt longer than it, or too few free blocks."""
-        new = req.seq_len - req.computed
+    def _admission(self, req: RequestState, budget: int) -> tuple[int, int, list, int] | None:
+        """(new tokens, blocks, cached nodes read, cached tokens) with which the waiting ``req`` joins a step with
+        ``budget`` tokens left, or None when it cannot: no budget, an unchunkable prompt longer than it, or too few
+        free blocks. Blocks of its cache hit that nobody else references count against the free ones
+        (kv_cache_manager.py ``get_num_blocks_to_allocate``)."""
+        path, hit, pinned = self.lookup(req)
+        new = req.seq_len - req.computed - hit
         if budget <= 0 or (new > budget and not self.chunked_prefill):
             return None
         new = min(new, budget)
-        need = self._blocks_to_add(req, new)
-        return None if need > self.free else (new, need)
+        need = -(-(req.computed + hit + new) // self.block_size) - req.kv_held - hit // self.block_size
+        return None if need + pinned > self.available else (new, need, path, hit)
 
     def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
         """Blocks that successive decode launches of requests at ``contexts`` (tokens cached at the first launch)
@@ -128,7 +100,7 @@ class VllmScheduler:
         (the pool's free count was kept by the caller)."""
         block_size = self.block_size
         for req in requests:  # _blocks, inlined: this runs for every request of every fast-forward
-            req.kv_held = -(-(req.computed + 1) // block_size)
+            req.kv_held = -(-(req.computed + 1) // block_size) - req.cached_units
 
     def schedule(self) -> Step | None:
         budget = self.token_budget
@@ -146,8 +118,9 @@ class VllmScheduler:
             new = req.prompt + req.generated - req.computed
             if new > budget:  # a conditional, not min(): this runs for every running request of every step
                 new = budget
-            need = -(-(req.computed + new) // block_size) - req.kv_held  # _blocks_to_add, inlined for the same reason
-            while need > self.free:
+            # the blocks to add, inlined for the same reason
+            need = -(-(req.computed + new) // block_size) - req.kv_held - req.cached_units
+            while need > self.available:
                 victim = self._preempt_newest(i - 1)
                 preempted = True
                 if victim is None or victim is req:
@@ -163,10 +136,13 @@ class VllmScheduler:
         if not preempted:
             while self.waiting and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
+                if req.issue_s > self.admit_before_s:
+                    break
                 admitted = self._admission(req, budget)
                 if admitted is None:
                     break
-                new, need = admitted
+                new, need, path, hit = admitted
+                self.admit_hit(req, path, hit)
                 self._take(req, need)
                 self.waiting.popleft()
                 self.running.append(req)

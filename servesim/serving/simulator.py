@@ -22,29 +22,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from servesim.errors import ServesimError
-from servesim.estimator.base import DEFAULT_ESTIMATOR
-from servesim.hardware.spec import GpuSpec
-from servesim.models.config import ModelConfig, check_context
-from servesim.models.parallel import Parallelism
-from servesim.serving.config import EngineConfig, engine_memory_plan
+from servesim.models.config import check_context
+from servesim.serving.deployment import Deployment
 from servesim.serving.fast_forward import RelaunchBatch, fast_forward
 from servesim.serving.metrics import SimulationResult, StepRecord
 from servesim.serving.router import make_router
-from servesim.serving.scheduler_sglang import SglangScheduler
-from servesim.serving.scheduler_vllm import VllmScheduler
+from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import STEP_LOG_COLUMNS, RequestState, Step, StepLog, finish_step
 from servesim.serving.step_cache import step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
 
-SCHEDULERS = {"vllm": VllmScheduler, "sglang": SglangScheduler}
-
-
 class _Replica:
     """One engine instance (a TP×PP group): its scheduler, its pipeline and the steps in flight."""
 
-    def __init__(self, index: int, scheduler: VllmScheduler | SglangScheduler, step_model: StepTimeModel) -> None:
+    def __init__(self, index: int, scheduler: Scheduler, step_model: StepTimeModel, async_scheduling: bool) -> None:
         self.index = index
         self.scheduler = scheduler
         self.step_model = step_model
@@ -53,6 +46,8 @@ class _Replica:
         self.relaunching: dict[Step, RelaunchBatch] = {}  # the decode steps the last fast-forward left in flight
         self.cpu_free_s = 0.0
         self.stage_free_s = [0.0] * self.pp
+        self.async_scheduling = async_scheduling  # only with one stage (build_deployment checks)
+        self.gpu_start_s = 0.0  # when the last step began on the GPU
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
@@ -64,11 +59,44 @@ class _Replica:
             t_s = free_s[stage] = (t_s if t_s > free_s[stage] else free_s[stage]) + stage_us * 1e-6
         return start_s, t_s
 
+    def occupy_async(self, now_s: float, host_start_s: float, overhead_us: float,
+                     stage_us: float) -> tuple[float, float]:
+        """Run a step whose host work began at ``host_start_s`` (async scheduling, one stage): the GPU starts it
+        once the host is done and the GPU is free, at ``now_s`` at the earliest. Returns its GPU start and end."""
+        ready_s = self.cpu_free_s = host_start_s + overhead_us * 1e-6
+        start_s = now_s if now_s > ready_s else ready_s
+        if self.stage_free_s[0] > start_s:
+            start_s = self.stage_free_s[0]
+        self.gpu_start_s = start_s
+        end_s = self.stage_free_s[0] = start_s + stage_us * 1e-6
+        return start_s, end_s
+
+    def host_start_s(self, now_s: float) -> float:
+        """When the host begins scheduling a step launched at ``now_s`` under async scheduling: while the step
+        before it runs on the GPU when the two follow back to back (the host schedules step n+1 as step n starts),
+        else at ``now_s``; never before the host is free."""
+        earliest_s = self.gpu_start_s if self.stage_free_s[0] >= now_s else now_s
+        return earliest_s if earliest_s > self.cpu_free_s else self.cpu_free_s
+
+    def _schedule(self, now_s: float) -> tuple[Step | None, float]:
+        """The next step and, under async scheduling, when the host began scheduling it. Requests that arrived
+        after that wait for a later step, unless nothing else would run: then the host schedules them at once."""
+        if not self.async_scheduling:
+            return self.scheduler.schedule(), now_s
+        host_start_s = self.host_start_s(now_s)
+        self.scheduler.admit_before_s = host_start_s
+        step = self.scheduler.schedule()
+        if step is None and host_start_s < now_s and self.scheduler.waiting:
+            host_start_s = now_s if now_s > self.cpu_free_s else self.cpu_free_s
+            self.scheduler.admit_before_s = math.inf
+            step = self.scheduler.schedule()
+        return step, host_start_s
+
     def launch(self, now_s: float, log: StepLog) -> list[tuple[float, Step]]:
         """Form and time micro-batches while the pipeline has room; returns (end time, step) of each."""
         launched = []
         while len(self.flights) < self.pp:
-            step = self.scheduler.schedule()
+            step, host_start_s = self._schedule(now_s)
             if step is None:
                 break
             for req in step.requests:
@@ -76,7 +104,10 @@ class _Replica:
                 if req.first_scheduled_s < 0:
                     req.first_scheduled_s = now_s
             overhead_us, stages_us = step_time_us(self.step_model, step)
-            start_s, end_s = self.occupy(now_s, overhead_us, stages_us)
+            if self.async_scheduling:
+                start_s, end_s = self.occupy_async(now_s, host_start_s, overhead_us, stages_us[0])
+            else:
+                start_s, end_s = self.occupy(now_s, overhead_us, stages_us)
             self.flights.append((end_s, step))
             launched.append((end_s, step))
             prefill_tokens = sum(p.new_tokens for p in step.prefills)
@@ -92,7 +123,7 @@ class _Replica:
         return True
 
 
-def _check_fits(scheduler: VllmScheduler | SglangScheduler, workload: Workload) -> None:
+def _check_fits(scheduler: Scheduler, workload: Workload) -> None:
     total = workload.prompt_tokens + workload.output_tokens
     too_long = int((total > scheduler.kv_capacity_tokens).sum())
     if too_long:
@@ -105,57 +136,49 @@ def _check_fits(scheduler: VllmScheduler | SglangScheduler, workload: Workload) 
 
 
 def simulate(
-    model: ModelConfig,
-    gpu: GpuSpec,
-    par: Parallelism,
-    engine_cfg: EngineConfig,
+    deployment: Deployment,
     workload: Workload,
     step_model: StepTimeModel | None = None,
-    estimator: str = DEFAULT_ESTIMATOR,
     replicas: int = 1,
     router: str = "round_robin",
     seed: int = 0,
     fast_forward_decodes: bool = True,
     stop_rules: Sequence[StopRule] = (),
 ) -> SimulationResult:
-    """Serve ``workload`` with ``replicas`` copies of ``engine_cfg`` on ``par`` ``gpu`` s behind ``router``.
+    """Serve ``workload`` with ``replicas`` copies of ``deployment`` behind ``router``.
 
-    Pass the same ``step_model`` to many calls (as a capacity search does): its memo of step times carries over.
+    Pass the same ``step_model`` (one of this deployment, or of one that differs only in engine settings that
+    leave step times alone) to many calls, as a capacity search does: its memo of step times carries over.
     ``seed`` drives the random router; everything else is deterministic. ``fast_forward_decodes=False`` takes
     every engine step through the scheduler, which is slower and gives the same result. With ``stop_rules`` the
     run raises :class:`servesim.serving.stop.StoppedEarly` as soon as one of them is known to break.
     """
-    if engine_cfg.engine not in SCHEDULERS:
-        raise ServesimError(f"no scheduler for engine {engine_cfg.engine!r}; use {', '.join(SCHEDULERS)}")
     if replicas < 1:
         raise ServesimError(f"replicas must be at least 1 (got {replicas})")
+    model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     check_context(model, workload.prompt_tokens + workload.output_tokens)
     if step_model is None:
-        from servesim.estimator import get_estimator
-
-        step_model = StepTimeModel(engine_cfg.engine, model, gpu, par, get_estimator(estimator),
-                                   kv_cache_dtype=engine_cfg.kv_cache_dtype)
-    elif step_model.kv_cache_dtype != engine_cfg.kv_cache_dtype:
-        raise ServesimError(f"the step-time model times a {step_model.kv_cache_dtype} KV cache but the engine stores "
-                            f"it in {engine_cfg.kv_cache_dtype}; build both with the same kv_cache_dtype")
-    weight_dtype = "fp8" if step_model.dtype.startswith("fp8") else step_model.dtype
-    plan = engine_memory_plan(model, gpu, par, engine_cfg, weight_dtype=weight_dtype)
-    if not plan.fits:
+        step_model = StepTimeModel(deployment)
+    elif step_model.deployment.timing_identity() != deployment.timing_identity():
+        raise ServesimError(f"the step-time model times {step_model.deployment.label()} but the engine serves "
+                            f"{deployment.label()} (another model, GPU, layout, engine, dtype or KV cache); build "
+                            f"the step-time model from the same deployment")
+    if not deployment.memory.fits:
         raise ServesimError(
-            f"{model.name} does not fit {gpu.name} with {par} under {engine_cfg.engine} (memory fraction "
-            f"{engine_cfg.memory_fraction}); use more GPUs per replica (--tp/--pp), a larger GPU or a larger memory "
+            f"{model.name} does not fit {gpu.name} with {par} under {cfg.engine} (memory fraction "
+            f"{cfg.memory_fraction}); use more GPUs per replica (--tp/--pp), a larger GPU or a larger memory "
             f"fraction"
         )
-    fleet = [_Replica(i, SCHEDULERS[engine_cfg.engine](engine_cfg, plan.kv_tokens), step_model)
-             for i in range(replicas)]
+    fleet = [_Replica(i, deployment.make_scheduler(), step_model, cfg.async_scheduling) for i in range(replicas)]
     _check_fits(fleet[0].scheduler, workload)
     states, replica_of, log = _run(fleet, workload, make_router(router, seed), fast_forward_decodes,
                                    ViolationCounter(stop_rules) if stop_rules else None)
     info = {
-        "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": engine_cfg.engine,
-        "engine_version": engine_cfg.version, "max_num_batched_tokens": engine_cfg.max_num_batched_tokens,
-        "max_num_seqs": engine_cfg.max_num_seqs, "memory_fraction": engine_cfg.memory_fraction,
-        "kv_cache_dtype": engine_cfg.kv_cache_dtype,
+        "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": cfg.engine,
+        "engine_version": cfg.version, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_num_seqs": cfg.max_num_seqs, "memory_fraction": cfg.memory_fraction,
+        "kv_cache_dtype": cfg.kv_cache_dtype, "prefix_caching": cfg.enable_prefix_caching,
+        "async_scheduling": cfg.async_scheduling,
         "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
     }
@@ -172,6 +195,7 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     n = len(workload)
     prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
     arrivals_s = workload.arrival_s.tolist()
+    prefixes = workload.prefixes if fleet[0].scheduler.cache is not None else None
     states: list[RequestState | None] = [None] * n
     replica_of = [0] * n
     closed = workload.arrival_mode == "closed"
@@ -199,6 +223,9 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
             if arrivals and (not completions or arrivals[0][0] <= completions[0][0]):
                 now_s, _, rid = heapq.heappop(arrivals)
                 req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s)
+                if prefixes is not None:
+                    req.segment_ids, req.segment_tokens = prefixes.segments(rid)
+                    req.output_id = int(prefixes.output_ids[rid])
                 replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
                 replica_of[rid] = replica.index
                 replica.scheduler.add(req)
@@ -208,6 +235,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
                 now_s, _, replica, step = heapq.heappop(completions)
                 if replica.complete(step):
                     finished = finish_step(step, now_s)
+                    if prefixes is not None:
+                        replica.scheduler.step_done(step)
                     if violations:
                         violations.step_done(step, finished, now_s)
                     for req in finished:
@@ -261,6 +290,7 @@ def _result(states: list[RequestState], replica_of: list[int], log: StepLog, kv_
         first_token_s=times[offsets[:-1]] if len(states) else np.array([]),
         finish_s=times[offsets[1:] - 1] if len(states) else np.array([]),
         preemptions=np.array([s.preemptions for s in states], dtype=np.int64),
+        cached_tokens=np.array([s.cached_tokens for s in states], dtype=np.int64),
         token_offsets=offsets,
         token_times_s=times,
         steps=steps,

@@ -21,10 +21,12 @@ class RequestState:
 
     __slots__ = (
         "rid", "prompt", "output", "issue_s", "computed", "generated", "kv_held", "first_scheduled_s",
-        "token_times_s", "preemptions", "in_flight",
+        "token_times_s", "preemptions", "in_flight", "segment_ids", "segment_tokens", "output_id", "cache_path",
+        "cached_units", "cached_tokens",
     )
 
-    def __init__(self, rid: int, prompt: int, output: int, issue_s: float) -> None:
+    def __init__(self, rid: int, prompt: int, output: int, issue_s: float, segment_ids=None, segment_tokens=None,
+                 output_id: int = -1) -> None:
         self.rid = rid
         self.prompt = prompt
         self.output = output
@@ -36,6 +38,14 @@ class RequestState:
         self.token_times_s: list[float] = []
         self.preemptions = 0
         self.in_flight = False  # part of a micro-batch still in the pipeline
+        # Prompt identity (servesim/workloads/prefix.py), None without it; the prefix-cache nodes the request
+        # references and the KV units it reads from them (servesim/serving/scheduler.py).
+        self.segment_ids = segment_ids
+        self.segment_tokens = segment_tokens
+        self.output_id = output_id
+        self.cache_path: list = []
+        self.cached_units = 0
+        self.cached_tokens = 0  # prompt tokens its last admission found in the cache
 
     @property
     def seq_len(self) -> int:

@@ -13,20 +13,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servesim.errors import ServesimError
 from servesim.estimator.base import KernelEstimator
-from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
-from servesim.kernels.engines import GraphPlan, get_engine, gpu_traits
+from servesim.kernels.engines import GraphPlan, gpu_traits
 from servesim.kernels.expand import Op, StepKernels, expand, step_part
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, Kernel
 from servesim.models.config import ModelConfig
-from servesim.models.parallel import Parallelism, stage_layers
-from servesim.serving.overhead import HostOverhead, host_overhead
+from servesim.models.parallel import stage_layers
+from servesim.serving.overhead import HostOverhead
+
+if TYPE_CHECKING:
+    from servesim.serving.deployment import Deployment
 
 
 @dataclass(frozen=True)
@@ -69,39 +71,40 @@ def _comm_implementation(collective: Collective, in_graph: bool) -> str:
 
 
 class StepTimeModel:
-    """Predicts step times of one model on one GPU type under one engine and layout.
+    """Predicts step times of one deployment (servesim/serving/deployment.py): its model on its GPU under its
+    engine release, layout, weight and KV dtypes.
 
-    ``overhead`` replaces the engine version's host-overhead constants (``servesim.serving.overhead``), as the
-    calibration does when it tries candidate values. ``kv_cache_dtype`` is the engine's ``--kv-cache-dtype``
-    (``auto`` or ``fp8``) and must match the ``EngineConfig`` the memory plan is made with.
+    ``estimator`` is the kernel estimator object (by default the deployment's, made afresh); ``overhead``
+    replaces the release's host-overhead constants, as the calibration does when it tries candidate values.
 
-    ``shares_with`` is a model of the same engine, model, GPU, TP, dtype, estimator and overhead, typically with
-    another pipeline depth: the two then share their memos of kernel, collective and per-layer attention times,
-    none of which depends on the number of stages (a capacity search of several layouts of one TP times each
-    attention batch once).
+    ``shares_with`` is a model of the same engine, model, GPU, TP, dtype, estimator and eager launch cost,
+    typically with another pipeline depth or other per-step host constants: the two then share their memos of
+    kernel, collective and per-layer attention times, none of which depends on the number of stages or the
+    per-step host cost (a capacity search of several layouts of one TP times each attention batch once; a
+    calibration tries many host constants on the same kernels).
     """
 
     def __init__(
         self,
-        engine: str,
-        model: ModelConfig,
-        gpu: GpuSpec,
-        par: Parallelism,
-        estimator: KernelEstimator,
-        dtype: str = "bf16",
+        deployment: Deployment,
+        estimator: KernelEstimator | None = None,
         overhead: HostOverhead | None = None,
-        kv_cache_dtype: str = "auto",
         shares_with: StepTimeModel | None = None,
     ) -> None:
-        self.engine = engine
-        self._engine = get_engine(engine)
-        self.overhead = overhead or host_overhead(engine, self._engine.version)
+        from servesim.estimator import get_estimator
+
+        model, gpu, par = deployment.model, deployment.gpu, deployment.par
+        estimator = estimator or get_estimator(deployment.estimator)
+        self.deployment = deployment
+        self.engine = deployment.engine.name
+        self._engine = deployment.engine.kernels
+        self.overhead = overhead or deployment.release.overhead
         self.model = model
         self.gpu = gpu
         self.par = par
         self.estimator = estimator
-        self.dtype = dtype
-        self.kv_cache_dtype = kv_cache_dtype
+        self.dtype = deployment.dtype
+        self.kv_cache_dtype = deployment.kv_cache_dtype
         self._traits = gpu_traits(gpu, self._engine.name, par.tp)
         self._stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
         self._stage_alike = _alike_stages(model, par.pp)
@@ -126,8 +129,10 @@ class StepTimeModel:
         self.decode_spans: dict[tuple[int, int, int], Any] = {}
 
     def _layer_identity(self) -> tuple:
-        """What one layer's kernels and their times depend on: everything but the pipeline depth."""
-        return (self.engine, self.model, self.gpu, self.par.tp, self.dtype, self.kv_cache_dtype, self.overhead)
+        """What one layer's kernels and their times depend on: everything but the pipeline depth and the host's
+        per-step terms (only an eager kernel's launch floor enters a kernel's time)."""
+        return (self.engine, self.model, self.gpu, self.par.tp, self.dtype, self.kv_cache_dtype,
+                self.overhead.eager_launch_us)
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
         return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype)

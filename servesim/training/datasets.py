@@ -27,7 +27,7 @@ from servesim.estimator.inputs import candidate_inputs
 from servesim.estimator.roofline import roofline_us
 from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
-from servesim.kernels.engines import get_engine
+from servesim.kernels.engines import get_engine_kernels
 from servesim.kernels.types import (
     AttentionDecode,
     AttentionPrefill,
@@ -356,7 +356,7 @@ def _prepare_attention(collection: str) -> Callable[[pd.DataFrame, dict[str, int
         local = _local(frame)
         backend = [_collected_backend(collection, s) if is_local else ATTENTION_BACKENDS[s]
                    for s, is_local in zip(_sources(frame), local)]
-        page_size = [_COLLECTED_PAGE_SIZE if is_local else get_engine(str(e)).page_size(b)
+        page_size = [_COLLECTED_PAGE_SIZE if is_local else get_engine_kernels(str(e)).page_size(b)
                      for e, b, is_local in zip(frame["backend"], backend, local)]
         return frame.assign(attention_backend=backend, page_size=page_size)
 
@@ -376,7 +376,7 @@ def _prepare_prefill(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFra
                   dropped)
     # SGLang's FlashInfer backend runs new tokens with nothing cached as a ragged kernel (no KV pages); our
     # collections time contiguous K/V.
-    ragged = [is_local or b in get_engine(str(e)).ragged_prefix_split
+    ragged = [is_local or b in get_engine_kernels(str(e)).ragged_prefix_split
               for e, b, is_local in zip(frame["backend"], frame["attention_backend"], _local(frame))]
     return frame.assign(kv_layout=np.where(ragged, "ragged", "paged"))
 

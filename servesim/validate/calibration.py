@@ -76,9 +76,9 @@ def overhead_sensitivity(result: SimulationResult) -> dict[str, float]:
 
 def zero_step_overhead(engine: str) -> HostOverhead:
     """The engine's shipped constants with the two fitted terms at zero (the launch terms kept)."""
-    from servesim.kernels.engines import get_engine
+    from servesim.kernels.engines import get_engine_kernels
 
-    return replace(host_overhead(engine, get_engine(engine).version), step_us=0.0, per_seq_us=0.0)
+    return replace(host_overhead(engine, get_engine_kernels(engine).version), step_us=0.0, per_seq_us=0.0)
 
 
 def calibration_frame(

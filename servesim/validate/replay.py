@@ -65,6 +65,8 @@ class ServingCase:
     extra: Mapping[str, object] = field(default_factory=dict)  # source-specific columns carried to the output
     kv_cache_dtype: str = "auto"  # the server's --kv-cache-dtype
     max_num_seqs: int | None = None  # the server's --max-num-seqs / --max-running-requests (None: the default)
+    async_scheduling: bool | None = None  # the server's async scheduling (None: the release's default)
+    prefix_caching: bool | None = None  # the server's prefix cache (None: the release's default)
 
 
 @dataclass(frozen=True)
@@ -85,34 +87,51 @@ class StepModels:
         from servesim.estimator import get_estimator
 
         self.estimator = get_estimator(estimator)
+        self.estimator_name = estimator
         self.overheads = dict(overheads or {})
         self._models: dict[tuple, StepTimeModel] = {}
 
     def get(self, case: ServingCase) -> StepTimeModel:
-        key = (case.engine, case.preset, case.gpu, case.tp, case.pp, case.dtype, case.kv_cache_dtype)
+        key = (case_release(case), case.preset, case.gpu, case.tp, case.pp, case.dtype, case.kv_cache_dtype)
         if key not in self._models:
             from servesim.hardware import get_gpu
             from servesim.models import get_model
             from servesim.models.parallel import Parallelism
 
-            self._models[key] = StepTimeModel(
-                case.engine, get_model(case.preset), get_gpu(case.gpu), Parallelism(case.tp, case.pp),
-                self.estimator, case.dtype, overhead=self.overheads.get(case.engine),
-                kv_cache_dtype=case.kv_cache_dtype,
-            )
+            deployment = case_deployment(case, get_model(case.preset), get_gpu(case.gpu), self.estimator_name)
+            self._models[key] = StepTimeModel(deployment, self.estimator, overhead=self.overheads.get(case.engine))
         return self._models[key]
+
+
+def case_release(case: ServingCase) -> str:
+    """The engine release a case is replayed with: the newest modelled one not newer than the release it was
+    measured on (the oldest modelled for an older one), or the engine's newest when the source does not say."""
+    from servesim.serving.engines import get_engine, release_key
+
+    engine = get_engine(case.engine)
+    if not case.engine_version:
+        return engine.default_release.label
+    measured = release_key(case.engine_version)
+    older = [r for r in engine.releases if release_key(r.version) <= measured]
+    return (older[-1] if older else engine.releases[0]).label
+
+
+def case_deployment(case: ServingCase, model, gpu, estimator: str):
+    """The deployment ``case`` measured: the engine's defaults for its GPU and layout, with the case's settings."""
+    from servesim.models.parallel import Parallelism
+    from servesim.serving.deployment import build_deployment
+
+    return build_deployment(model, gpu, Parallelism(case.tp, case.pp), case_release(case), case.dtype, estimator,
+                            kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
+                            async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching)
 
 
 def simulate_case(case: ServingCase, step_model: StepTimeModel) -> SimulationResult:
     """Simulate ``case`` with the engine's defaults for its GPU and layout."""
-    from servesim.models.parallel import validate_parallelism
-    from servesim.serving.config import default_engine_config
     from servesim.serving.simulator import simulate
 
-    validate_parallelism(step_model.model, step_model.par)
-    cfg = default_engine_config(case.engine, step_model.gpu, step_model.par).with_overrides(
-        kv_cache_dtype=step_model.kv_cache_dtype, max_num_seqs=case.max_num_seqs)
-    return simulate(step_model.model, step_model.gpu, step_model.par, cfg, case.workload, step_model=step_model)
+    deployment = case_deployment(case, step_model.model, step_model.gpu, step_model.deployment.estimator)
+    return simulate(deployment, case.workload, step_model=step_model)
 
 
 def _error(predicted: float, measured: float) -> float:

@@ -47,13 +47,15 @@ class BenchmarkProtocol:
     length_ratio: float
     kv_cache_dtype: str
     max_num_seqs_is_concurrency: bool
+    async_scheduling: bool | None = None  # None: the release's default
+    prefix_caching: bool | None = None
 
 
 #: InferenceX's vLLM launch scripts of these rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
-#: ``70b_fp8_h200_slurm.sh``) write ``kv-cache-dtype: fp8`` into the server's config.yaml and pass
-#: ``--max-num-seqs $CONC``.
+#: ``70b_fp8_h200_slurm.sh``) write ``kv-cache-dtype: fp8``, ``async-scheduling: true`` and
+#: ``no-enable-prefix-caching`` into the server's config.yaml and pass ``--max-num-seqs $CONC``.
 INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="fp8",
-                               max_num_seqs_is_concurrency=True)
+                               max_num_seqs_is_concurrency=True, async_scheduling=True, prefix_caching=False)
 AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
                                    max_num_seqs_is_concurrency=False)
 
@@ -146,6 +148,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=protocol.kv_cache_dtype,
         max_num_seqs=concurrency if protocol.max_num_seqs_is_concurrency else None,
+        async_scheduling=protocol.async_scheduling, prefix_caching=protocol.prefix_caching,
     )
 
 

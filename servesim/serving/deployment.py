@@ -1,0 +1,128 @@
+"""A deployment: one engine instance's model, GPU, layout, engine release and settings, dtypes and estimator,
+built and validated once.
+
+Everything that times or simulates serving takes a :class:`Deployment` (``StepTimeModel``, ``simulate``, the
+planner's tasks, the validators), so the layout is validated, the weight dtype normalised and the memory plan made
+in one place, :func:`build_deployment`. A fleet that mixes GPUs or splits prefill from decode is a list of
+deployments.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from servesim.errors import ServesimError
+from servesim.estimator.base import DEFAULT_ESTIMATOR
+from servesim.hardware.spec import GpuSpec
+from servesim.kernels.expand import WEIGHT_DTYPES, kv_storage_dtype
+from servesim.models.config import ModelConfig
+from servesim.models.memory import MemoryPlan, plan_memory
+from servesim.models.parallel import Parallelism, validate_parallelism
+from servesim.serving.config import EngineSettings
+from servesim.serving.engines import Engine, Release, parse_engine
+from servesim.serving.scheduler import Scheduler
+
+#: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
+SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
+                 "enable_prefix_caching", "async_scheduling")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One engine instance (a TP × PP group of one GPU type) serving one model."""
+
+    model: ModelConfig
+    gpu: GpuSpec
+    par: Parallelism
+    engine: Engine
+    release: Release
+    settings: EngineSettings
+    dtype: str  # weights: bf16, fp16, fp8 (per-tensor) or fp8-block
+    estimator: str = DEFAULT_ESTIMATOR
+
+    @property
+    def weight_dtype(self) -> str:
+        """The weights' storage dtype: FP8 for both FP8 schemes."""
+        return "fp8" if self.dtype.startswith("fp8") else self.dtype
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return self.settings.kv_cache_dtype
+
+    @functools.cached_property
+    def memory(self) -> MemoryPlan:
+        """Weights, reserves and the KV pool per GPU (made once per deployment)."""
+        return plan_memory(
+            self.model, self.par, gpu_memory_bytes=self.gpu.memory_bytes,
+            memory_fraction=self.settings.memory_fraction,
+            reserve=self.engine.memory_reserve(self.model, self.par, self.settings),
+            block_size=self.settings.block_size, weight_dtype=self.weight_dtype,
+            kv_dtype=kv_storage_dtype(self.weight_dtype, self.settings.kv_cache_dtype),
+        )
+
+    def timing_identity(self) -> tuple:
+        """What step times depend on: deployments that agree on it time every step alike (the engine settings that
+        only change batching and memory do not enter)."""
+        return (self.model, self.gpu, self.par, self.release, self.dtype, self.kv_cache_dtype)
+
+    def label(self) -> str:
+        kv = ", fp8 KV cache" if self.kv_cache_dtype == "fp8" else ""
+        return f"{self.model.name} ({self.dtype}{kv}) on {self.gpu.name} {self.par} under {self.release.label}"
+
+    def make_scheduler(self) -> Scheduler:
+        return self.engine.make_scheduler(self.settings, self.memory.kv_tokens)
+
+    def launch_command(self) -> str:
+        """The server command whose flags this deployment's prediction assumed."""
+        model_ref = self.model.source
+        parallel = []
+        if self.engine.name == "vllm":
+            parallel += [f"--tensor-parallel-size {self.par.tp}"] if self.par.tp > 1 else []
+            parallel += [f"--pipeline-parallel-size {self.par.pp}"] if self.par.pp > 1 else []
+            head = f"vllm serve {model_ref}"
+        else:
+            parallel += [f"--tp-size {self.par.tp}"] if self.par.tp > 1 else []
+            parallel += [f"--pp-size {self.par.pp}"] if self.par.pp > 1 else []
+            head = f"python -m sglang.launch_server --model-path {model_ref}"
+        quant = ["--quantization fp8"] if self.dtype == "fp8" else []  # fp8-block checkpoints come quantised
+        flags = [*parallel, *quant, *self.engine.launch_flags(self.settings, self.release)]
+        return " ".join([head, *flags])
+
+    def with_layout(self, par: Parallelism) -> Deployment:
+        """The same deployment with another layout, its defaults picked anew for it."""
+        return build_deployment(self.model, self.gpu, par, self.release.label, self.dtype, self.estimator,
+                                **self.overrides())
+
+    def overrides(self) -> dict:
+        """The settings that differ from the release's defaults for this GPU and layout."""
+        defaults = self.engine.default_settings(self.gpu, self.par, self.release)
+        return {name: getattr(self.settings, name) for name in SETTING_NAMES
+                if getattr(self.settings, name) != getattr(defaults, name)}
+
+
+def build_deployment(
+    model: ModelConfig,
+    gpu: GpuSpec,
+    par: Parallelism,
+    engine: str = "vllm",
+    dtype: str = "bf16",
+    estimator: str = DEFAULT_ESTIMATOR,
+    **overrides: float | int | str | bool | None,
+) -> Deployment:
+    """The deployment of ``model`` on ``gpu`` with ``par`` under ``engine`` (``vllm``, ``sglang`` or a release such
+    as ``vllm==0.12.0``), with the release's defaults for that GPU and layout and ``overrides`` of
+    :data:`SETTING_NAMES` (``None`` keeps a default). Raises :class:`ServesimError` for a layout the engines
+    refuse or an unknown dtype; a model that does not fit is a valid deployment whose ``memory.fits`` is False."""
+    unknown = set(overrides) - set(SETTING_NAMES)
+    if unknown:
+        raise ServesimError(f"unknown engine setting(s) {', '.join(sorted(unknown))}; use {', '.join(SETTING_NAMES)}")
+    if dtype not in WEIGHT_DTYPES:
+        raise ServesimError(f"unknown weight dtype {dtype!r}; use one of {', '.join(WEIGHT_DTYPES)}")
+    validate_parallelism(model, par)
+    engine_class, release = parse_engine(engine)
+    settings = engine_class.default_settings(gpu, par, release).with_overrides(**overrides)
+    if settings.async_scheduling and par.pp > 1:
+        raise ServesimError(f"{release.label} runs no async scheduling with pipeline parallelism; drop "
+                            f"--async-scheduling or use --pp 1")
+    return Deployment(model, gpu, par, engine_class, release, settings, dtype, estimator)

@@ -1,0 +1,237 @@
+"""The engine registry: one class per serving engine, owning its releases, defaults, memory rules and scheduler.
+
+An :class:`Engine` answers everything servesim asks of vLLM or SGLang above the kernel level: which releases are
+modelled (:class:`Release`: the defaults that changed between them and the host-overhead constants), the settings
+its server picks for a GPU and layout, what it keeps out of its KV pool, which scheduler forms its steps, and the
+launch command that deploys what was planned. What changes the kernels a step launches (attention backend,
+CUDA-graph capture, all-reduce choice) is the kernel expanders' (``servesim.kernels.engines``), which the engine
+names. Adding a release is one entry in its engine's ``releases``; docs/engines.md cites each default's source.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from servesim.errors import ServesimError, suggest
+from servesim.hardware.spec import GpuSpec
+from servesim.kernels.engines import EngineKernels, get_engine_kernels, sglang_memory_defaults
+from servesim.models.config import ModelConfig
+from servesim.models.memory import GIB, MemoryReserve
+from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
+from servesim.serving.config import EngineSettings
+from servesim.serving.overhead import HOST_OVERHEAD, HostOverhead
+from servesim.serving.scheduler import Scheduler
+from servesim.serving.scheduler_sglang import SglangScheduler
+from servesim.serving.scheduler_vllm import VllmScheduler
+
+#: vLLM's non-torch memory per GPU (CUDA context, NCCL communicators, cuBLAS workspaces): it is measured during
+#: start-up and kept out of the KV cache (vllm/v1/worker/gpu_worker.py ``determine_available_memory``).
+VLLM_NON_TORCH_BYTES = 0.75 * GIB
+#: Extra non-torch memory with TP > 1: the custom all-reduce's IPC buffers and NCCL channel buffers.
+VLLM_TP_COMM_BYTES = 0.25 * GIB
+#: Memory SGLang's processes hold before it measures free memory (CUDA context, NCCL); its KV pool is
+#: ``mem_fraction_static`` of what is free then, minus the weights (model_runner.py ``profile_max_num_token``).
+SGLANG_CONTEXT_BYTES = 0.5 * GIB
+
+
+@dataclass(frozen=True)
+class Release:
+    """One modelled release of an engine: the defaults servesim honours that changed between releases, and the
+    host-overhead constants its steps pay. ``kernels_version`` is the release whose kernel sequences the
+    expanders follow (kernel launches change more slowly than scheduling defaults)."""
+
+    engine: str
+    version: str
+    async_scheduling: bool  # the host schedules step n+1 while step n runs (vLLM --async-scheduling, SGLang overlap)
+    prefix_caching: bool  # on unless --no-enable-prefix-caching / --disable-radix-cache
+    overhead: HostOverhead
+    kernels_version: str
+    note: str = ""  # what the release is kept for
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine}=={self.version}"
+
+
+def _sglang_mem_fraction_static(gpu_mib: float, chunked_prefill_size: int, cuda_graph_max_bs: int,
+                                par: Parallelism) -> float:
+    """SGLang's default ``mem_fraction_static``: memory kept back for activations, graphs and parallelism."""
+    reserved_mib = 512 + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2 + par.tp * par.pp / 8 * 1024
+    if gpu_mib > 60 * 1024:
+        reserved_mib = max(reserved_mib, 10 * 1024)
+    return round((gpu_mib - reserved_mib) / gpu_mib, 3)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A serving engine: its releases (newest last) and the rules every release shares."""
+
+    name: str
+    releases: tuple[Release, ...]
+    scheduler_class: type[Scheduler] = field(repr=False)
+
+    @property
+    def kernels(self) -> EngineKernels:
+        return get_engine_kernels(self.name)
+
+    @property
+    def default_release(self) -> Release:
+        """The newest modelled release."""
+        return self.releases[-1]
+
+    def release(self, version: str | None = None) -> Release:
+        """The release ``version`` (None: the newest modelled)."""
+        if version is None:
+            return self.default_release
+        for release in self.releases:
+            if release.version == version:
+                return release
+        known = ", ".join(r.version for r in self.releases)
+        raise ServesimError(f"{self.name} {version} is not modelled (modelled releases: {known}); use "
+                            f"--engine {self.default_release.label} or another of them")
+
+    def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
+        """The settings the engine's server picks for ``gpu`` and ``par`` (docs/engines.md)."""
+        raise NotImplementedError
+
+    def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
+        """What the engine keeps out of its memory fraction besides weights."""
+        raise NotImplementedError
+
+    def make_scheduler(self, settings: EngineSettings, kv_tokens: int) -> Scheduler:
+        return self.scheduler_class(settings, kv_tokens)
+
+    def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
+        """The server flags whose values the prediction assumed."""
+        raise NotImplementedError
+
+
+class Vllm(Engine):
+    def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
+        # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.
+        big = gpu.memory_gib >= 70 and not gpu.name.upper().startswith("A100")
+        return EngineSettings(
+            engine=self.name,
+            version=release.version,
+            memory_fraction=0.9,
+            max_num_batched_tokens=8192 if big else 2048,
+            max_num_seqs=1024 if big else 256,
+            block_size=self.kernels.page_size(self.kernels.attention_backend(gpu.architecture)),
+            enable_prefix_caching=release.prefix_caching,
+            async_scheduling=release.async_scheduling and par.pp == 1,
+        )
+
+    def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
+        """vLLM subtracts its profiled peak activations and non-torch memory; its CUDA graphs are captured after the
+        KV cache is sized and live in the headroom above ``gpu_memory_utilization``."""
+        runtime = VLLM_NON_TORCH_BYTES + (VLLM_TP_COMM_BYTES if par.tp > 1 else 0.0)
+        return MemoryReserve(activation_reserve_bytes(model, par, settings), 0.0, runtime)
+
+    def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
+        flags = [f"--gpu-memory-utilization {settings.memory_fraction}",
+                 f"--max-num-batched-tokens {settings.max_num_batched_tokens}",
+                 f"--max-num-seqs {settings.max_num_seqs}", f"--block-size {settings.block_size}"]
+        if settings.kv_cache_dtype != "auto":
+            flags.append(f"--kv-cache-dtype {settings.kv_cache_dtype}")
+        if not settings.enable_prefix_caching:
+            flags.append("--no-enable-prefix-caching")
+        if settings.async_scheduling != release.async_scheduling:
+            flags.append("--async-scheduling" if settings.async_scheduling else "--no-async-scheduling")
+        return flags
+
+
+class Sglang(Engine):
+    def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
+        chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
+        return EngineSettings(
+            engine=self.name,
+            version=release.version,
+            memory_fraction=_sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par),
+            max_num_batched_tokens=chunk,
+            max_num_seqs=4096,  # upper clamp; the KV pool usually binds first (model_runner.py)
+            block_size=self.kernels.page_size(self.kernels.attention_backend(gpu.architecture)),
+            enable_prefix_caching=release.prefix_caching,
+            async_scheduling=release.async_scheduling and par.pp == 1,
+        )
+
+    def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
+        """SGLang sizes its pool from free memory after start-up, so only the memory already held then counts
+        (scaled by the fraction, as the engine does); activations come out of ``mem_fraction_static``."""
+        return MemoryReserve(0.0, 0.0, SGLANG_CONTEXT_BYTES * settings.memory_fraction)
+
+    def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
+        flags = [f"--mem-fraction-static {settings.memory_fraction}",
+                 f"--chunked-prefill-size {settings.max_num_batched_tokens}",
+                 f"--max-running-requests {settings.max_num_seqs}", f"--page-size {settings.block_size}"]
+        if settings.kv_cache_dtype != "auto":
+            flags.append(f"--kv-cache-dtype {settings.kv_cache_dtype}")
+        if not settings.enable_prefix_caching:
+            flags.append("--disable-radix-cache")
+        if not settings.async_scheduling and release.async_scheduling:
+            flags.append("--disable-overlap-schedule")
+        return flags
+
+
+def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: EngineSettings) -> float:
+    """Peak activation memory of vLLM's start-up profiling pass.
+
+    vLLM runs a dummy forward of ``max_num_batched_tokens`` tokens and a sampler pass over ``max_num_seqs``
+    rows of FP32 logits, and keeps the peak out of the KV cache. The largest live set of the forward is the
+    gate/up output plus the SiLU&Mul output and the residual stream; the sampler holds logits and their softmax.
+    """
+    tokens = settings.max_num_batched_tokens
+    mlp_width = model.moe_intermediate_size * model.num_experts_per_tok if model.is_moe else model.intermediate_size
+    forward = tokens * (3 * mlp_width / par.tp + 4 * model.hidden_size) * 2
+    sampler = settings.max_num_seqs * padded_vocab_per_gpu(model, 1) * 4 * 2
+    return forward + sampler
+
+
+_VLLM_OVERHEAD = HOST_OVERHEAD[("vllm", "0.11.0")]
+_SGLANG_OVERHEAD = HOST_OVERHEAD[("sglang", "0.5.3")]
+
+VLLM = Vllm("vllm", (
+    Release("vllm", "0.11.0", async_scheduling=False, prefix_caching=True, overhead=_VLLM_OVERHEAD,
+            kernels_version="0.11.0", note="the release whose kernels the expanders follow"),
+    Release("vllm", "0.12.0", async_scheduling=False, prefix_caching=True, overhead=_VLLM_OVERHEAD,
+            kernels_version="0.11.0", note="aiconfigurator-core's measured vLLM serving runs"),
+    Release("vllm", "0.15.1", async_scheduling=True, prefix_caching=True, overhead=_VLLM_OVERHEAD,
+            kernels_version="0.11.0", note="async scheduling on by default from 0.14.0"),
+), VllmScheduler)
+
+SGLANG = Sglang("sglang", (
+    Release("sglang", "0.5.3", async_scheduling=True, prefix_caching=True, overhead=_SGLANG_OVERHEAD,
+            kernels_version="0.5.3", note="the release whose kernels the expanders follow"),
+), SglangScheduler)
+
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (VLLM, SGLANG)}
+
+#: What ``--engine`` accepts: an engine, or an engine and one of its releases.
+ENGINE_CHOICES = tuple([*ENGINES, *(r.label for e in ENGINES.values() for r in e.releases)])
+
+
+def get_engine(name: str) -> Engine:
+    try:
+        return ENGINES[name.strip().lower()]
+    except KeyError:
+        raise ServesimError(
+            f"unknown engine {name!r}.{suggest(name, ENGINES)} Choose one of: {', '.join(ENGINES)}."
+        ) from None
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """A release's leading numbers, for ordering (``0.5.1.post1`` -> (0, 5, 1))."""
+    numbers = []
+    for part in version.strip().lstrip("v").split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def parse_engine(spec: str) -> tuple[Engine, Release]:
+    """``vllm`` (its newest modelled release) or ``vllm==0.12.0``."""
+    name, _, version = spec.partition("==")
+    engine = get_engine(name)
+    return engine, engine.release(version.strip() or None)

@@ -17,13 +17,14 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
 #: A small, fast plan: llama3-8b on one layout, short fixed-length requests.
 SMALL = ("--model", "llama3-8b", "--tp", "1", "--pp", "1", "--workload", "fixed:512:48", "-n", "300", "--jobs", "1")
 
-PLAN_KEYS = ["schema_version", "model", "dtype", "kv_cache_dtype", "engine", "estimator", "estimator_label",
+PLAN_KEYS = ["schema_version", "model", "dtype", "kv_cache_dtype", "engine", "engine_release", "estimator",
+             "estimator_label",
              "estimator_coverage", "workload",
              "search", "target", "slos", "gpu_budget", "recommendation", "infeasible", "options"]
 OPTION_KEYS = ["rank", "gpu", "layout", "tp", "pp", "gpus_per_replica", "status", "capacity_qps",
                "capacity_concurrency", "slo_values_ms", "binding", "replicas", "total_gpus", "usd_per_gpu_hour",
                "price_date", "usd_per_hour", "usd_per_million_output_tokens", "output_tokens_per_s_per_gpu",
-               "weights_gib_per_gpu", "kv_tokens", "unloaded_ms", "simulations", "note", "probes"]
+               "weights_gib_per_gpu", "kv_tokens", "unloaded_ms", "simulations", "note", "launch_command", "probes"]
 PROBE_KEYS = ["load", "meets_slos", "stopped_by", "sustained", "request_rate_per_s", "completion_ratio",
               "output_tokens_per_s", "slo_values_ms", "latency_ms", "peak_kv_occupancy", "preemptions"]
 

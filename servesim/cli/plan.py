@@ -169,7 +169,7 @@ def _header(request, slos_default: bool, estimator_label: str, executor_text: st
     budget = f", budget {request.gpu_budget} GPUs" if request.gpu_budget is not None else ""
     return (
         f"{request.model.name} ({request.dtype}{', fp8 KV cache' if request.kv_cache_dtype == 'fp8' else ''}) with "
-        f"{request.engine}: capacity per replica within "
+        f"{request.release.label}: capacity per replica within "
         f"{slo_list(request.slos)}{' (default SLOs)' if slos_default else ''}\n"
         f"workload {workload.name}: {len(workload):,} requests (mean {workload.prompt_tokens.mean():,.0f} prompt + "
         f"{workload.output_tokens.mean():,.0f} output tokens), {workload.arrival_process} arrivals, seed "
@@ -349,6 +349,7 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
     notes = []
     if plan.explanation:
         notes.append(f"Recommendation: {plan.explanation}")
+        notes.append(f"Launch: {payload['recommendation']['launch_command']}")
     notes += [f"{o['gpu']} {o['layout']} ({o['status']}): {o['note']}" for o in payload["options"]
               if o["note"]]
     if request.gpu_budget is not None:

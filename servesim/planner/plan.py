@@ -29,6 +29,7 @@ from servesim.planner.search import (
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
 from servesim.serving.deployment import Deployment, build_deployment
+from servesim.serving.engines import Release, parse_engine
 from servesim.serving.step_time import StepTimeModel
 from servesim.workloads.request import Workload
 
@@ -64,6 +65,11 @@ class PlanRequest:
     def engine_name(self) -> str:
         """The engine, without the release ``engine`` may name (``vllm==0.12.0``)."""
         return self.engine.partition("==")[0]
+
+    @property
+    def release(self) -> Release:
+        """The engine release modelled."""
+        return parse_engine(self.engine)[1]
 
     def deployment(self, gpu: GpuSpec, par: Parallelism) -> Deployment:
         return build_deployment(self.model, gpu, par, self.engine, self.dtype, self.estimator,
@@ -438,6 +444,7 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
                         if result.unloaded_ms is not None else None),
         "simulations": len(result.probes) + (result.unloaded_ms is not None),
         "note": result.note or None,
+        "launch_command": task.deployment.launch_command(),
         "probes": [probe_payload(p, slos) for p in result.probes],
     }
 
@@ -455,6 +462,7 @@ def plan_payload(plan: Plan, estimator_label: str, coverages: Sequence[Coverage]
         "dtype": request.dtype,
         "kv_cache_dtype": request.kv_cache_dtype,
         "engine": request.engine,
+        "engine_release": request.release.label,
         "estimator": request.estimator,
         "estimator_label": estimator_label,
         "estimator_coverage": [c.to_json() for c in coverages],
@@ -473,7 +481,9 @@ def plan_payload(plan: Plan, estimator_label: str, coverages: Sequence[Coverage]
                  for s in request.slos],
         "gpu_budget": request.gpu_budget,
         "recommendation": ({"gpu": recommended.result.task.gpu.name, "layout": str(recommended.result.task.par),
-                            "explanation": plan.explanation} if recommended else None),
+                            "explanation": plan.explanation,
+                            "launch_command": recommended.result.task.deployment.launch_command()}
+                           if recommended else None),
         "infeasible": plan.infeasible,
         "options": [option_payload(o, request) for o in plan.options],
     }

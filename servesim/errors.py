@@ -7,6 +7,7 @@ without a traceback and exits non-zero; library users can catch it.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from collections.abc import Iterable
 
 
@@ -24,3 +25,17 @@ def suggest(name: str, candidates: Iterable[str], limit: int = 3) -> str:
     else:
         close = [lowered[c] for c in close]
     return f" Did you mean {', '.join(close)}?" if close else ""
+
+
+def not_utf8(path: Path | str) -> str:
+    """The one-line error for a file that is not UTF-8 text, naming the line and byte of the first bad byte."""
+    try:
+        data = Path(path).read_bytes()
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        return (f"{path} line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x}); save it as UTF-8, e.g. "
+                f"iconv -f latin1 -t utf-8")
+    except OSError:
+        pass
+    return f"{path} is not UTF-8 text; save it as UTF-8, e.g. iconv -f latin1 -t utf-8"

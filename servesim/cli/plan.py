@@ -17,7 +17,7 @@ from servesim.cli.params import (
     engine_behaviour_options,
     engine_option,
 )
-from servesim.errors import ServesimError
+from servesim.errors import ServesimError, not_utf8
 from servesim.kernels.expand import KV_CACHE_DTYPES
 
 QUICK_COLUMNS = (
@@ -58,7 +58,11 @@ def _priced_gpus(gpu_list: str, prices_file: str | None, price_overrides: tuple[
 
     gpus = parse_gpu_list(gpu_list)
     if prices_file:
-        gpus = apply_prices(gpus, load_prices(prices_file), f"user price file {prices_file}")
+        try:
+            prices = load_prices(prices_file)
+        except UnicodeDecodeError:
+            raise ServesimError(not_utf8(prices_file)) from None
+        gpus = apply_prices(gpus, prices, f"user price file {prices_file}")
     overrides = _parse_price_overrides(price_overrides)
     return apply_prices(gpus, {k: (v, str(date.today())) for k, v in overrides.items()}, "--price on the command line")
 

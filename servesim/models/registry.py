@@ -8,7 +8,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from servesim.errors import ServesimError, suggest
+from servesim.errors import ServesimError, not_utf8, suggest
 from servesim.models.config import ModelConfig, config_from_hf_dict
 
 
@@ -57,6 +57,8 @@ def _load_with_autoconfig(ref: str) -> ModelConfig:
                                 f"config.json that exists or a Hugging Face hub id (org/name)")
         try:
             cfg = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ServesimError(not_utf8(ref)) from None
         except json.JSONDecodeError as exc:
             raise ServesimError(f"{ref} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(cfg, dict):

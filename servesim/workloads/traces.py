@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.errors import ServesimError
+from servesim.errors import ServesimError, not_utf8
 from servesim.workloads.prefix import UNIQUE, PromptSegments
 
 if TYPE_CHECKING:
@@ -88,6 +88,13 @@ def parse_columns(text: str) -> dict[str, str]:
 
 def _read_rows(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     """The file's rows as text/JSON values, and the file line number of each row."""
+    try:
+        return _read_rows_utf8(path)
+    except UnicodeDecodeError:
+        raise ServesimError(not_utf8(path)) from None
+
+
+def _read_rows_utf8(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     import pandas as pd
 
     if path.name.lower().endswith((".jsonl", ".ndjson")):

@@ -3,6 +3,7 @@ nothing written before the check."""
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from servesim.cli import main
@@ -49,3 +50,49 @@ def test_latin1_model_config_is_refused(tmp_path: Path):
     config = tmp_path / "config.json"
     config.write_bytes(b'{"hidden_size": 4096, "name": "caf\xe9"}')
     refused(run("plan", "--model", config, "--quick"), "line 1 is not UTF-8")
+
+
+# Output paths are checked before the work ------------------------------------------------------------------------
+
+READ_ONLY = Path("/sys")  # a folder no one can create files in, root included
+
+
+def usage_error(result, *fragments: str) -> str:
+    """click's refusal of an option value: exit status 2, one 'Error:' line, no traceback."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.mark.skipif(not READ_ONLY.is_dir(), reason="needs Linux's /sys")
+@pytest.mark.parametrize("args", [
+    ("plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "1", "--pp", "1", "--plot", "/sys"),
+    ("plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "1", "--pp", "1", "--plot", "/sys/new/plots"),
+    ("simulate", "--model", "llama3-8b", "--requests-csv", "/sys/requests.csv"),
+    ("simulate", "--model", "llama3-8b", "--trace", "/sys/trace.json"),
+    ("workload", "arxiv", "--out", "/sys/arxiv.csv"),
+])
+def test_unwritable_output_is_refused_before_the_work(args, monkeypatch):
+    import servesim.workloads
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the work started before the output path was checked")
+
+    monkeypatch.setattr(servesim.workloads, "build_workload", no_work)
+    usage_error(run(*args), "cannot write")
+
+
+def test_output_folder_under_a_file_is_refused(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    usage_error(run("plan", "--model", "llama3-8b", "--tp", "1", "--pp", "1", "--plot", tmp_path / "file" / "plots"),
+                "is a file")
+
+
+def test_output_folder_that_can_be_created_is_accepted(tmp_path: Path):
+    from servesim.cli.params import OutputFolder
+
+    assert OutputFolder().convert(str(tmp_path / "a" / "b"), None, None) == tmp_path / "a" / "b"

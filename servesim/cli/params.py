@@ -5,6 +5,7 @@ that exists."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import click
@@ -37,8 +38,22 @@ class PositiveFinite(click.ParamType):
 POSITIVE_FINITE = PositiveFinite()
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be created in the existing folder ``folder`` (tried, not guessed from permission bits: a
+    read-only file system or /sys refuses writes that the mode bits allow), or None."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
 class OutputFile(click.Path):
-    """A file to write: not a folder, in a folder that exists (checked before the command runs, not after)."""
+    """A file to write: not a folder, in a folder that exists and takes new files, and not a file that exists but
+    cannot be overwritten (checked before the command runs, not after)."""
 
     def __init__(self) -> None:
         super().__init__(dir_okay=False, path_type=Path)
@@ -50,10 +65,43 @@ class OutputFile(click.Path):
         folder = path.parent
         if not folder.is_dir():
             self.fail(f"folder '{folder}' does not exist; create it or write elsewhere", param, ctx)
+        why = _unwritable(folder)
+        if why is None and path.exists() and not os.access(path, os.W_OK):
+            why = "the file is read-only"
+        if why is None and path.exists() and not path.is_file():
+            why = "it is not a regular file"
+        if why is not None:
+            self.fail(f"cannot write '{path}' ({why}); give a path in a folder you can write to", param, ctx)
         return path
 
 
-__all__ = ["DIMENSION", "POSITIVE_FINITE", "REPLICA_COUNT", "REQUEST_COUNT", "SEED", "OutputFile", "PositiveFinite"]
+class OutputFolder(click.Path):
+    """A folder to write files into: an existing folder that takes new files, or one that can be created (its
+    nearest existing parent takes new folders). Checked before the command runs, not after."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, path_type=Path)
+
+    def convert(self, value, param, ctx) -> Path:
+        if not str(value).strip():
+            self.fail("needs a folder name", param, ctx)
+        path = super().convert(value, param, ctx)
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            self.fail(f"'{existing}' is a file, so folder '{path}' cannot be created there; give another folder",
+                      param, ctx)
+        why = _unwritable(existing)
+        if why is not None:
+            where = "" if existing == path else f" (its parent '{existing}' is not writable)"
+            self.fail(f"cannot write into folder '{path}'{where}: {why}; give a folder you can write to",
+                      param, ctx)
+        return path
+
+
+__all__ = ["DIMENSION", "POSITIVE_FINITE", "REPLICA_COUNT", "REQUEST_COUNT", "SEED", "OutputFile", "OutputFolder",
+           "PositiveFinite"]
 
 
 def engine_option(func):

@@ -14,6 +14,7 @@ from servesim.cli.params import (
     POSITIVE_FINITE,
     REQUEST_COUNT,
     SEED,
+    OutputFolder,
     engine_behaviour_options,
     engine_option,
 )
@@ -242,7 +243,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--executor", type=click.Choice(("local", "ray")), default="local", show_default=True, help="Where options are searched: local processes or a Ray cluster (pip install 'servesim[ray]').")
 @click.option("--address", default=None, help="Ray cluster address (host:port or 'auto'); without it a Ray instance starts here.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Parallel searches [default: the CPU count].")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Write PNGs here: latency vs load per option and the cost-vs-TPOT Pareto front (needs matplotlib).")
+@click.option("--plot", "plot_dir", type=OutputFolder(), default=None, help="Write PNGs here: latency vs load per option and the cost-vs-TPOT Pareto front (needs matplotlib).")
 @click.option("--quick", is_flag=True, help="Only the analytical per-GPU estimate: no traffic simulated, no SLOs.")
 @click.option("--input-len", type=DIMENSION, default=None, help="With --quick: prompt tokens per request [default: 1024].")
 @click.option("--output-len", type=DIMENSION, default=None, help="With --quick: output tokens per request [default: 256].")

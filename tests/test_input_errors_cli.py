@@ -96,3 +96,35 @@ def test_output_folder_that_can_be_created_is_accepted(tmp_path: Path):
     from servesim.cli.params import OutputFolder
 
     assert OutputFolder().convert(str(tmp_path / "a" / "b"), None, None) == tmp_path / "a" / "b"
+
+
+# Custom-column traces ----------------------------------------------------------------------------------------------
+
+def custom_trace(tmp_path: Path) -> Path:
+    trace = tmp_path / "custom.csv"
+    trace.write_text("t,inp,outp\n" + "".join(f"{i * 0.5},{200 + i},{20 + i % 7}\n" for i in range(60)))
+    return trace
+
+
+def test_unknown_trace_format_names_the_columns_option(tmp_path: Path):
+    refused(run("simulate", "--model", "llama3-8b", "--workload", custom_trace(tmp_path)), "--columns prompt=")
+
+
+def test_simulate_reads_a_trace_through_columns(tmp_path: Path):
+    result = run("simulate", "--model", "llama3-8b", "--workload", custom_trace(tmp_path),
+                 "--columns", "prompt=inp,output=outp,arrival=t", "--json")
+    assert result.exit_code == 0, result.output
+    assert '"requests"' in result.output or "60" in result.output
+
+
+def test_plan_reads_a_trace_through_columns(tmp_path: Path):
+    result = run("plan", "--model", "llama3-8b", "--tp", "1", "--pp", "1", "--jobs", "1", "--workload",
+                 custom_trace(tmp_path), "--columns", "prompt=inp,output=outp", "--json")
+    assert result.exit_code == 0, result.output
+    import json
+
+    assert json.loads(result.output)["workload"]["requests"] == 60
+
+
+def test_plan_quick_refuses_columns():
+    refused(run("plan", "--model", "llama3-8b", "--quick", "--columns", "prompt=a,output=b"), "--columns")

@@ -204,8 +204,8 @@ def _slo_options(func):
 
 
 #: Options of the simulated search that the analytical ``--quick`` estimate has no use for.
-SIMULATION_ONLY = ("source", "num_requests", "arrival", "seed", "qps", "concurrency", "tolerance", "gpu_budget",
-                   "executor", "address", "jobs", "plot_dir", *(f"{metric}_p{p}" for metric, p in SLO_FLAGS))
+SIMULATION_ONLY = ("source", "num_requests", "columns", "arrival", "seed", "qps", "concurrency", "tolerance",
+                   "gpu_budget", "executor", "address", "jobs", "plot_dir", *(f"{metric}_p{p}" for metric, p in SLO_FLAGS))
 
 
 def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
@@ -231,6 +231,9 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @engine_behaviour_options
 @click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
 @click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
+@click.option("--columns", default=None, metavar="prompt=COL,output=COL[,arrival=COL]",
+              help="Column names of a CSV/JSONL trace in a format servesim does not recognise (also prompt_id=COL "
+                   "or hash_ids=COL for which prompts share text).")
 @click.option("--arrival", type=click.Choice(("poisson", "trace")), default=None, help="Arrival process whose rate is searched: poisson, or the profile's or trace's own gaps rescaled [default: poisson].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the workload (the same requests at every load).")
 @click.option("--qps", type=POSITIVE_FINITE, default=None, help="Target load in requests/s: replicas = ceil(target / capacity).")
@@ -249,7 +252,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--output-len", type=DIMENSION, default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                 memory_fraction, kv_cache_dtype, prefix_caching, async_scheduling, source, num_requests, arrival, seed, qps, concurrency, tolerance,
+                 memory_fraction, kv_cache_dtype, prefix_caching, async_scheduling, source, num_requests, columns, arrival, seed, qps, concurrency, tolerance,
                  gpu_budget, prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len,
                  output_len, output_format, **slo_limits) -> None:
     """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
@@ -286,7 +289,7 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
         model=model,
         gpus=tuple(_priced_gpus(gpu_list, prices_file, price_overrides)),
         engine=engine,
-        workload=_base_workload(source, num_requests, arrival, seed, mode) if not quick else None,
+        workload=_base_workload(source, num_requests, arrival, seed, mode, columns) if not quick else None,
         slos=slos,
         tp=tp,
         pp=pp,
@@ -308,16 +311,19 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
               plot_dir, output_format)
 
 
-def _base_workload(source: str, num_requests: int | None, arrival: str | None, seed: int, mode: str):
+def _base_workload(source: str, num_requests: int | None, arrival: str | None, seed: int, mode: str,
+                   columns: str | None = None):
     """The search's workload: arrivals at 1 request/s (divided by the rate at each load), or one client."""
-    from servesim.workloads import build_workload
+    from servesim.workloads import build_workload, parse_columns
+
+    mapping = parse_columns(columns) if columns else None
 
     if mode == "concurrency":
         if arrival is not None:
             raise ServesimError("--arrival sets how an open loop's requests arrive; a closed loop (--concurrency) "
                                 "sends each request when a client is free, so drop --arrival")
-        return build_workload(source, num_requests, concurrency=1, seed=seed)
-    return build_workload(source, num_requests, qps=1.0, seed=seed, arrival=arrival or "poisson")
+        return build_workload(source, num_requests, concurrency=1, seed=seed, columns=mapping)
+    return build_workload(source, num_requests, qps=1.0, seed=seed, arrival=arrival or "poisson", columns=mapping)
 
 
 def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str, address: str | None,

@@ -103,6 +103,9 @@ def _latency_rows(summary: dict) -> list[dict]:
               help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
 @click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None,
               help="Requests [default: 1000; a trace: all its rows].")
+@click.option("--columns", default=None, metavar="prompt=COL,output=COL[,arrival=COL]",
+              help="Column names of a CSV/JSONL trace in a format servesim does not recognise (also prompt_id=COL "
+                   "or hash_ids=COL for which prompts share text).")
 @click.option("--qps", type=float, default=None, help="Arrival rate, requests per second.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Closed loop: at most N requests in flight (vllm bench serve --max-concurrency).")
@@ -123,7 +126,7 @@ def _latency_rows(summary: dict) -> list[dict]:
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                      gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, source, num_requests,
-                     qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
+                     columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
                      output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
 
@@ -133,15 +136,16 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     """
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.serving.simulator import simulate
-    from servesim.workloads import build_workload
+    from servesim.workloads import build_workload, parse_columns
 
+    mapping = parse_columns(columns) if columns else None
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
                                     async_scheduling)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
-                              cv=cv)
+                              cv=cv, columns=mapping)
     result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed)
     summary = result.summary()
     if slos:

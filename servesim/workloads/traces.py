@@ -133,7 +133,8 @@ def _resolve_columns(columns: Mapping[str, str] | None, available: list[str],
         else:
             known = "; ".join(f"{name}: {', '.join(fmt.values())}" for name, fmt in FORMATS.items())
             raise ServesimError(f"{path} has columns {', '.join(map(str, available)) or '(none)'}, not a known "
-                                f"trace format ({known}); give a column mapping, e.g. {_MAPPING_EXAMPLE}")
+                                f"trace format ({known}); give a column mapping (--columns "
+                                f"prompt=COL,output=COL[,arrival=COL]), e.g. --columns {_MAPPING_EXAMPLE}")
     else:
         unknown = set(columns) - set(FIELDS + IDENTITY_FIELDS)
         if unknown or not {"prompt", "output"} <= set(columns):

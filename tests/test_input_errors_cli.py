@@ -128,3 +128,28 @@ def test_plan_reads_a_trace_through_columns(tmp_path: Path):
 
 def test_plan_quick_refuses_columns():
     refused(run("plan", "--model", "llama3-8b", "--quick", "--columns", "prompt=a,output=b"), "--columns")
+
+
+# One GPU without FP8 does not stop an FP8 comparison ---------------------------------------------------------------
+
+def test_fp8_plan_marks_a_gpu_without_fp8_unsupported_and_keeps_the_others():
+    import json
+
+    result = run("plan", "--model", "llama3-8b", "--gpus", "H100,A100", "--dtype", "fp8", "--tp", "1", "--pp", "1",
+                 "--workload", "fixed:512:48", "-n", "200", "--jobs", "1", "--json")
+    assert result.exit_code == 0, result.output
+    options = {o["gpu"]: o for o in json.loads(result.output)["options"]}
+    assert options["H100-SXM"]["status"] == "ok"
+    assert options["A100-SXM-80GB"]["status"] == "unsupported"
+    assert "FP8" in options["A100-SXM-80GB"]["note"]
+
+
+def test_fp8_quick_plan_notes_the_unsupported_gpu():
+    result = run("plan", "--model", "mixtral-8x7b", "--gpus", "H100,A100", "--dtype", "fp8", "--tp", "2", "--quick")
+    assert result.exit_code == 0, result.output
+    assert "A100-SXM-80GB TP2 (unsupported)" in result.output and "H100-SXM" in result.output
+
+
+def test_fp8_plan_on_gpus_without_fp8_only_is_refused():
+    refused(run("plan", "--model", "llama3-8b", "--gpus", "A100", "--dtype", "fp8", "--tp", "1", "--quick"),
+            "no FP8 Tensor cores")

@@ -100,7 +100,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.planner.estimate import estimate_gpu
     from servesim.models.config import check_context
-    from servesim.planner.plan import plan_options
+    from servesim.planner.plan import plan_options, unsupported_options
 
     model, dtype = request.model, request.dtype
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
@@ -108,6 +108,8 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
         _quick_row(estimate_gpu(request.deployment(gpu, par), kernel_estimator, input_len, output_len))
         for gpu, par in plan_options(request)
     ]
+    unsupported = [{"gpu": gpu.name, "layout": str(par), "reason": why}
+                   for gpu, par, why in unsupported_options(request)]
     misfits = [r for r in rows if not r["fits"]]
     if len(misfits) == len(rows) and output_format == "table":
         reasons = "; ".join(f"{r['gpu']} {r['layout']}: {r['note']}" for r in misfits)
@@ -121,6 +123,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
         "TTFT: one prompt alone. TPOT@1: one request decoding. TPOT@batch: the largest batch the KV cache holds "
         "(capped by max seqs). out tok/s/GPU: steady state at that batch, prefills included.",
         *(f"{r['gpu']} {r['layout']}: does not fit — {r['note']}" for r in misfits),
+        *(f"{u['gpu']} {u['layout']} (unsupported): {u['reason']}" for u in unsupported),
         *dict.fromkeys(f"{r['gpu']} price ${r['price_usd_per_gpu_hour']:.2f}/GPU-h as of {r['price_date']}"
                        for r in rows),
         *coverage_notes(coverages),
@@ -129,6 +132,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
         "model": model.name, "engine": request.engine, "dtype": dtype, "input_len": input_len,
         "output_len": output_len, "estimator": kernel_estimator.name, "estimator_label": kernel_estimator.label,
         "estimator_coverage": [c.to_json() for c in coverages], "options": rows,
+        "unsupported": unsupported,
     }
     emit(rows, QUICK_COLUMNS, output_format, title=title, notes=notes, json_payload=payload)
     if misfits and len(misfits) == len(rows):

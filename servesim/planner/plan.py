@@ -143,14 +143,61 @@ def _accepted(model: ModelConfig, par: Parallelism) -> bool:
     return True
 
 
+def option_refusal(request: PlanRequest, gpu: GpuSpec, par: Parallelism) -> str | None:
+    """Why the engine cannot run the request's model and dtype on ``gpu`` at all (an FP8 model on a GPU without
+    FP8 Tensor cores, an architecture the engine has no attention backend for), or None. Other GPUs of the same
+    plan may still run it, so such an option is reported as ``unsupported`` rather than stopping the plan."""
+    from servesim.kernels.batch import BatchSpec, PrefillChunk
+    from servesim.kernels.expand import expand
+
+    try:
+        deployment = request.deployment(gpu, par)
+        expand(request.engine_name, request.model, gpu, BatchSpec(prefills=(PrefillChunk(1, 0),)), par.tp, par.pp,
+               0, deployment.dtype, deployment.kv_cache_dtype)
+    except ServesimError as exc:
+        return str(exc)
+    return None
+
+
+def all_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism, str | None]]:
+    """Every (GPU, layout) the plan weighs, GPU by GPU, each with :func:`option_refusal`."""
+    options = []
+    for gpu in request.gpus:
+        layouts = candidate_layouts(request.model, gpu, request.tp, request.pp)
+        refusal = option_refusal(request, gpu, layouts[0]) if layouts else None
+        options += [(gpu, par, refusal if refusal is None else option_refusal(request, gpu, par))
+                    for par in layouts]
+    return options
+
+
+def unsupported_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism, str]]:
+    """The options of :func:`all_options` the engine cannot run, with the reason."""
+    return [(gpu, par, why) for gpu, par, why in all_options(request) if why is not None]
+
+
 def plan_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism]]:
-    """Every (GPU, layout) the plan weighs, GPU by GPU; an error when there is none."""
-    options = [(gpu, par) for gpu in request.gpus for par in candidate_layouts(request.model, gpu, request.tp,
-                                                                                request.pp)]
+    """Every (GPU, layout) the plan weighs and the engine can run, GPU by GPU; an error when there is none."""
+    options = all_options(request)
     if not options:
         raise ServesimError(f"no TP/PP layout of {request.model.name} fits in one node of "
                             f"{', '.join(g.name for g in request.gpus)}; leave --tp/--pp open")
-    return options
+    runnable = [(gpu, par) for gpu, par, why in options if why is None]
+    if not runnable:
+        raise ServesimError("; ".join(dict.fromkeys(why for _, _, why in options if why is not None)))
+    return runnable
+
+
+def unsupported_payload(gpu: GpuSpec, par: Parallelism, reason: str) -> dict:
+    """An option the engine cannot run, as ``servesim plan --json`` lists it: status ``unsupported``, the reason
+    in ``note`` and no measurements."""
+    return {
+        "rank": None, "gpu": gpu.name, "layout": str(par), "tp": par.tp, "pp": par.pp, "gpus_per_replica": par.num_gpus,
+        "status": "unsupported", "capacity_qps": None, "capacity_concurrency": None, "slo_values_ms": None,
+        "binding": None, "replicas": None, "total_gpus": None, "usd_per_gpu_hour": gpu.price_usd_per_gpu_hour,
+        "price_date": gpu.price_date, "usd_per_hour": None, "usd_per_million_output_tokens": None,
+        "output_tokens_per_s_per_gpu": None, "weights_gib_per_gpu": None, "kv_tokens": None, "unloaded_ms": None,
+        "simulations": 0, "note": reason, "launch_command": None, "probes": [],
+    }
 
 
 def option_tasks(request: PlanRequest) -> list[OptionTask]:
@@ -485,5 +532,6 @@ def plan_payload(plan: Plan, estimator_label: str, coverages: Sequence[Coverage]
                             "launch_command": recommended.result.task.deployment.launch_command()}
                            if recommended else None),
         "infeasible": plan.infeasible,
-        "options": [option_payload(o, request) for o in plan.options],
+        "options": [option_payload(o, request) for o in plan.options]
+                   + [unsupported_payload(gpu, par, why) for gpu, par, why in unsupported_options(request)],
     }

@@ -4,8 +4,9 @@ file.
 Replays aiconfigurator-core's silicon_sample.csv rows (aggregated vLLM/SGLang runs on H100 and H200) with the
 per-step overhead terms at zero, fits ``step_us`` and ``per_seq_us`` per engine on the training rows
 (servesim.validate.calibration.TRAIN_RULE) and prints the constants with the train and test MAPE they give.
-Predictions under the fitted constants come from the exact linear sensitivities of the replay (see
-servesim/validate/calibration.py), so no second simulation is needed.
+Predictions under the fitted constants come from the exact linear sensitivities of the replay for an engine that
+schedules synchronously, and from replays under candidate constants for one with async scheduling (see
+servesim/validate/calibration.py).
 
     nice -n 10 .venv/bin/python tools/calibrate_overhead.py --estimator roofline
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servesim.validate.calibration import TRAIN_RULE, calibrate, calibration_frame, is_training_row
+from servesim.validate.calibration import TRAIN_RULE, calibrate_cases, is_training_row
 from servesim.validate.report import GROUP_KEYS, bias_by_concurrency, grouped_errors, scatter_plot
 from servesim.validate.silicon import load_silicon_rows, silicon_cases
 
@@ -41,14 +42,16 @@ def main() -> None:
         if sys.stderr.isatty():
             print(f"\rreplayed {done}/{len(cases)}", end="", file=sys.stderr)
 
-    frame, refused = calibration_frame(cases, args.estimator, on_case=tick)
+    result, refused = calibrate_cases(cases, args.estimator, lambda case: is_training_row({"gpu": case.gpu}),
+                                      TRAIN_RULE, on_case=tick)
+    frame = result.frame
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    result = calibrate(frame, frame.apply(is_training_row, axis=1), TRAIN_RULE)
     print(f"estimator {args.estimator}; {len(frame)} rows replayed, {len(skipped) + len(refused)} skipped; "
           f"{TRAIN_RULE}; {time.perf_counter() - start:.0f} s")
     for engine, overhead in result.overheads.items():
-        print(f"{engine}: step_us={overhead.step_us:.1f} per_seq_us={overhead.per_seq_us:.3f}")
+        print(f"{engine}: step_us={overhead.step_us:.1f} per_seq_us={overhead.per_seq_us:.3f} "
+              f"request_us={overhead.request_us:.1f} per_prompt_token_us={overhead.per_prompt_token_us:.4f}")
     for keys in (["engine", "split"], [*GROUP_KEYS, "split"]):
         print(pd.DataFrame(grouped_errors(result.frame, keys)).round(1).to_string(index=False))
     print(pd.DataFrame(bias_by_concurrency(result.frame, ["split"])).round(1).to_string(index=False))

@@ -8,10 +8,13 @@ cost with four terms:
 - ``per_seq_us``: what each request in the batch adds (scheduler bookkeeping, block tables, detokenisation);
 - ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph, a floor under every eager kernel
   (the GPU cannot finish kernels faster than the CPU issues them);
-- ``graph_launch_us``: replaying one captured CUDA graph.
+- ``graph_launch_us``: replaying one captured CUDA graph;
+- ``request_us`` and ``per_prompt_token_us``: the API server's work on a request before the engine sees it
+  (HTTP handling, tokenisation, the hand-off to the engine process), done one request at a time, so a burst of
+  requests reaches the engine spread out, as real clients' requests do.
 
 The table is keyed by the engine and the version whose kernels and defaults servesim models
-(``servesim.kernels.engines``). ``scripts/calibrate_overhead.py`` fits ``step_us`` and ``per_seq_us`` to measured
+(``servesim.kernels.engines``). ``tools/calibrate_overhead.py`` fits ``step_us`` and ``per_seq_us`` to measured
 serving runs (docs/validation.md); the launch terms are not identifiable from end-to-end runs and keep their
 prior values, stated below.
 """
@@ -33,11 +36,18 @@ class HostOverhead:
     per_seq_us: float
     eager_launch_us: float
     graph_launch_us: float
+    request_us: float = 0.0
+    per_prompt_token_us: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us"):
+        for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us", "request_us",
+                     "per_prompt_token_us"):
             if getattr(self, name) < 0:
                 raise ServesimError(f"host overhead {name} must be non-negative, not {getattr(self, name)}")
+
+    def front_end_us(self, prompt_tokens: int) -> float:
+        """The API server's time on one request of ``prompt_tokens`` tokens before the engine sees it."""
+        return self.request_us + self.per_prompt_token_us * prompt_tokens
 
     def step_overhead_us(self, num_seqs: int, graph_launches: int) -> float:
         """Host time of one step with ``num_seqs`` requests that replays ``graph_launches`` CUDA graphs."""
@@ -50,7 +60,7 @@ _EAGER_LAUNCH_US = 5.0
 _GRAPH_LAUNCH_US = 15.0
 
 #: (engine, version) -> constants. ``step_us`` and ``per_seq_us`` were fitted by
-#: ``scripts/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
+#: ``tools/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
 #: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 and InferenceX runs; SGLang: 0.5.1.post1 and 0.5.8.post1)
 #: and checked on the H200 rows (docs/validation.md), the InferenceX rows with the FP8 KV cache their launch scripts
 #: set. They absorb what the kernel estimator leaves out of a step, so they are refitted whenever the default
@@ -75,5 +85,5 @@ def host_overhead(engine: str, version: str) -> HostOverhead:
         known = ", ".join(f"{e} {v}" for e, v in HOST_OVERHEAD)
         raise ServesimError(
             f"no host-overhead constants for {engine} {version} (calibrated: {known}); run "
-            f"scripts/calibrate_overhead.py and add them to servesim/serving/overhead.py"
+            f"tools/calibrate_overhead.py and add them to servesim/serving/overhead.py"
         ) from None

@@ -48,6 +48,13 @@ class _Replica:
         self.stage_free_s = [0.0] * self.pp
         self.async_scheduling = async_scheduling  # only with one stage (build_deployment checks)
         self.gpu_start_s = 0.0  # when the last step began on the GPU
+        self.front_end_free_s = 0.0  # when the API server finishes the requests it has
+
+    def front_end(self, sent_s: float, prompt_tokens: int) -> float:
+        """When a request sent at ``sent_s`` reaches the engine: the API server handles requests one at a time."""
+        start_s = sent_s if sent_s > self.front_end_free_s else self.front_end_free_s
+        self.front_end_free_s = start_s + self.step_model.overhead.front_end_us(prompt_tokens) * 1e-6
+        return self.front_end_free_s
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
@@ -190,7 +197,9 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     """The event loop. Returns every request's final state and replica (in workload order) and the step log.
 
     Arrivals and step completions wait in two heaps; at equal times arrivals come first, and events of one kind
-    in the order they were made. A completion whose step a fast-forward replaced is skipped.
+    in the order they were made. A completion whose step a fast-forward replaced is skipped. With API-server costs
+    (``HostOverhead.front_end_us``) a request arrives twice: sent by its client, then handed to its replica's
+    engine once the API server is done with it.
     """
     n = len(workload)
     prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
@@ -200,7 +209,10 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     replica_of = [0] * n
     closed = workload.arrival_mode == "closed"
     issued = min(workload.concurrency, n) if closed else n
-    arrivals = [(arrivals_s[rid], rid, rid) for rid in range(issued)]
+    # (time, tie-breaker, request, replica): a client's send (replica -1), or the request reaching that replica's
+    # engine from its API server.
+    arrivals = [(arrivals_s[rid], rid, rid, -1) for rid in range(issued)]
+    front_end = fleet[0].step_model.overhead.front_end_us(1) > 0
     heapq.heapify(arrivals)
     completions: list[tuple[float, int, _Replica, Step]] = []
     seq = issued  # tie-breaker: events of one time and kind in the order they were made
@@ -221,16 +233,24 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     try:
         while arrivals or completions:
             if arrivals and (not completions or arrivals[0][0] <= completions[0][0]):
-                now_s, _, rid = heapq.heappop(arrivals)
-                req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s)
-                if prefixes is not None:
-                    req.segment_ids, req.segment_tokens = prefixes.segments(rid)
-                    req.output_id = int(prefixes.output_ids[rid])
-                replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
-                replica_of[rid] = replica.index
-                replica.scheduler.add(req)
-                if replica not in ready:
-                    ready.append(replica)
+                now_s, _, rid, at = heapq.heappop(arrivals)
+                if at < 0:
+                    req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s)
+                    if prefixes is not None:
+                        req.segment_ids, req.segment_tokens = prefixes.segments(rid)
+                        req.output_id = int(prefixes.output_ids[rid])
+                    replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
+                    replica_of[rid] = replica.index
+                    if front_end:  # it reaches the engine later
+                        heapq.heappush(arrivals, (replica.front_end(now_s, prompts[rid]), seq, rid, replica.index))
+                        seq += 1
+                        replica = None
+                else:
+                    req, replica = states[rid], fleet[at]
+                if replica is not None:
+                    replica.scheduler.add(req)
+                    if replica not in ready:
+                        ready.append(replica)
             else:
                 now_s, _, replica, step = heapq.heappop(completions)
                 if replica.complete(step):
@@ -242,7 +262,7 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
                     for req in finished:
                         replica.scheduler.release(req)
                         if closed and issued < n:
-                            heapq.heappush(arrivals, (max(now_s, arrivals_s[issued]), seq, issued))
+                            heapq.heappush(arrivals, (max(now_s, arrivals_s[issued]), seq, issued, -1))
                             seq += 1
                             issued += 1
                     if replica not in ready:

@@ -1,18 +1,26 @@
 """Fitting the host-overhead constants (``servesim.serving.overhead``) to measured serving runs.
 
-In a closed-loop replay with one pipeline stage every event falls on a step boundary (a client sends its next
-request when a step delivers the last token of its previous one), so the sequence of batches does not depend on
-how long the steps take. A request's TTFT is then the sum of the durations of the steps from its sending to its
-first token, and its TPOT the sum over its decode span divided by ``output − 1``: both are linear in the per-step
-overhead ``step_us + per_seq_us × batch size``. One simulation with both terms at zero therefore gives every
-row's mean TTFT and TPOT as a linear function of the two constants (:func:`overhead_sensitivity`), and the fit is
-a non-negative least squares of the relative errors of TTFT and TPOT over the training rows of one engine
-(:func:`fit_overhead`). The launch terms stay at their priors: end-to-end means cannot tell them from the step
-cost.
+In a closed-loop replay with one pipeline stage of an engine that schedules synchronously, every event falls on a
+step boundary (a client sends its next request when a step delivers the last token of its previous one), so the
+sequence of batches does not depend on how long the steps take. A request's TTFT is then the sum of the durations
+of the steps from its sending to its first token, and its TPOT the sum over its decode span divided by
+``output − 1``: both are linear in the per-step overhead ``step_us + per_seq_us × batch size``. One simulation
+with both terms at zero therefore gives every row's mean TTFT and TPOT as a linear function of the two constants
+(:func:`overhead_sensitivity`), and the fit is a non-negative least squares of the relative errors of TTFT and TPOT
+over the training rows of one engine (:func:`fit_overhead`).
+
+Under async scheduling a step lasts the longer of its host and GPU work, and which step an arrival joins depends on
+when the host began scheduling, so neither holds. For an engine with such rows the least-squares answer is only
+the starting point: :func:`fit_by_replay` minimises the TTFT plus TPOT MAPE by replaying the training rows under
+candidate constants, the API server's per-request terms (``request_us``, ``per_prompt_token_us``) among them
+(Nelder–Mead; the candidates share every kernel time, so a replay costs only the simulation), and the predictions
+under the fitted constants come from one more replay. The launch terms stay at their priors: end-to-end means
+cannot tell them from the step cost.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -22,7 +30,7 @@ import pandas as pd
 from servesim.errors import ServesimError
 from servesim.serving.metrics import SimulationResult
 from servesim.serving.overhead import HostOverhead, host_overhead
-from servesim.validate.replay import ServingCase, Skipped, StepModels, case_row, replay_results
+from servesim.validate.replay import ServingCase, Skipped, StepModels, case_deployment, case_row, replay_results
 
 #: The split the shipped constants were fitted on: every H100 row trains, the other GPUs (H200) test, so the test
 #: rows are on a GPU the fit never saw (and, for Llama-3.1-8B, a model it never saw).
@@ -81,14 +89,20 @@ def zero_step_overhead(engine: str) -> HostOverhead:
     return replace(host_overhead(engine, get_engine_kernels(engine).version), step_us=0.0, per_seq_us=0.0)
 
 
+def zero_step_models(cases: Sequence[ServingCase], estimator: str) -> StepModels:
+    """Step-time models for ``cases`` with each engine's per-step host terms at zero."""
+    return StepModels(estimator, {engine: zero_step_overhead(engine) for engine in {case.engine for case in cases}})
+
+
 def calibration_frame(
-    cases: Sequence[ServingCase], estimator: str, on_case: Callable[[ServingCase], None] | None = None
+    cases: Sequence[ServingCase], estimator: str, on_case: Callable[[ServingCase], None] | None = None,
+    models: StepModels | None = None,
 ) -> tuple[pd.DataFrame, list[Skipped]]:
-    """Replay ``cases`` with zero step overhead: one row per case with :data:`SENSITIVITY_COLUMNS`."""
+    """Replay ``cases`` with zero step overhead (``models``: :func:`zero_step_models` to reuse): one row per case
+    with :data:`SENSITIVITY_COLUMNS`."""
     if any(case.pp != 1 or case.concurrency is None for case in cases):
         raise ServesimError("calibration replays closed-loop runs with one pipeline stage only")
-    engines = {case.engine for case in cases}
-    models = StepModels(estimator, {engine: zero_step_overhead(engine) for engine in engines})
+    models = models or zero_step_models(cases, estimator)
     rows, skipped = [], []
     for case, outcome in replay_results(cases, models, on_case):
         if isinstance(outcome, Skipped):
@@ -150,3 +164,74 @@ def calibrate(frame: pd.DataFrame, is_train: pd.Series, train_rule: str) -> Cali
         overheads[engine] = replace(zero_step_overhead(engine), step_us=step_us, per_seq_us=per_seq_us)
         parts.append(predict_with(rows, step_us, per_seq_us))
     return Calibration(overheads, pd.concat(parts).sort_index(), train_rule)
+
+
+def runs_synchronously(case: ServingCase) -> bool:
+    """Whether the engine of ``case`` schedules each step after the previous one (no async scheduling)."""
+    from servesim.hardware import get_gpu
+    from servesim.models import get_model
+
+    return not case_deployment(case, get_model(case.preset), get_gpu(case.gpu), "roofline").settings.async_scheduling
+
+
+def replay_errors(cases: Sequence[ServingCase], models: StepModels) -> pd.DataFrame:
+    """The replayed rows of ``cases`` (predictions and errors), the refused ones left out."""
+    rows = [case_row(case, outcome.summary()) for case, outcome in replay_results(cases, models)
+            if not isinstance(outcome, Skipped)]
+    return pd.DataFrame(rows)
+
+
+#: The constants :func:`fit_by_replay` fits, and the first simplex's step in each.
+REPLAY_FIT_TERMS = (("step_us", 50.0), ("per_seq_us", 5.0), ("request_us", 1000.0), ("per_prompt_token_us", 0.5))
+
+
+def fit_by_replay(cases: Sequence[ServingCase], engine: str, base: StepModels, start: HostOverhead,
+                  evaluations: int = 80) -> HostOverhead:
+    """The constants of :data:`REPLAY_FIT_TERMS` minimising the TTFT plus TPOT MAPE of ``cases`` (one engine's
+    training rows) when they are replayed, from ``start`` (Nelder–Mead: a replay is piecewise in the constants);
+    ``base`` holds the models whose kernel times every candidate reuses."""
+    from scipy.optimize import minimize
+
+    def candidate(x: np.ndarray) -> HostOverhead:
+        return replace(start, **{name: float(v) for (name, _), v in zip(REPLAY_FIT_TERMS, x)})
+
+    def loss(x: np.ndarray) -> float:
+        if (x < 0).any():
+            return math.inf
+        frame = replay_errors(cases, StepModels(base.estimator_name, {engine: candidate(x)}, shares_with=base))
+        return float(frame["ttft_error"].abs().mean() + frame["tpot_error"].abs().mean())
+
+    x0 = np.array([getattr(start, name) for name, _ in REPLAY_FIT_TERMS])
+    simplex = [x0] + [x0 + np.eye(len(x0))[i] * step for i, (_, step) in enumerate(REPLAY_FIT_TERMS)]
+    found = minimize(loss, x0, method="Nelder-Mead",
+                     options={"maxfev": evaluations, "xatol": 0.5, "fatol": 1e-4, "initial_simplex": simplex})
+    return candidate(found.x)
+
+
+def calibrate_cases(cases: Sequence[ServingCase], estimator: str, is_train: Callable[[ServingCase], bool],
+                    train_rule: str, on_case: Callable[[ServingCase], None] | None = None) -> tuple[Calibration,
+                                                                                                   list[Skipped]]:
+    """Fit each engine's constants on its training cases and predict every case with them: exactly by the linear
+    sensitivities where every training case of the engine schedules synchronously, else by :func:`fit_by_replay`
+    from the linear fit (adding the API server's terms), with predictions from a replay under the fitted
+    constants."""
+    base = zero_step_models(cases, estimator)
+    frame, skipped = calibration_frame(cases, estimator, on_case, base)
+    by_id = {case.case_id: case for case in cases}
+    linear = calibrate(frame, frame["case_id"].map(lambda case_id: is_train(by_id[case_id])), train_rule)
+    overheads, parts = dict(linear.overheads), []
+    for engine, rows in linear.frame.groupby("engine", sort=True):
+        engine_cases = [by_id[case_id] for case_id in rows["case_id"]]
+        train = [case for case in engine_cases if is_train(case)]
+        if all(runs_synchronously(case) for case in train):
+            parts.append(rows)
+            continue
+        overheads[engine] = fit_by_replay(train, engine, base, overheads[engine])
+        replayed = replay_errors(engine_cases, StepModels(estimator, {engine: overheads[engine]}, shares_with=base))
+        predicted = replayed.set_index("case_id")[["predicted_ttft_ms", "predicted_tpot_ms", "ttft_error",
+                                                  "tpot_error"]]
+        rows = rows.copy()
+        for column in predicted.columns:
+            rows[column] = rows["case_id"].map(predicted[column])
+        parts.append(rows)
+    return Calibration(overheads, pd.concat(parts).sort_index(), train_rule), skipped

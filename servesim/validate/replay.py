@@ -83,12 +83,16 @@ class Skipped:
 class StepModels:
     """One :class:`StepTimeModel` per (engine, model, GPU, layout, weights), shared by every case that needs it."""
 
-    def __init__(self, estimator: str, overheads: Mapping[str, HostOverhead] | None = None) -> None:
+    def __init__(self, estimator: str, overheads: Mapping[str, HostOverhead] | None = None,
+                 shares_with: StepModels | None = None) -> None:
+        """``shares_with``: models of the same estimator whose kernel and attention times these reuse (they differ
+        only in the per-step host constants, as a calibration's candidates do)."""
         from servesim.estimator import get_estimator
 
-        self.estimator = get_estimator(estimator)
+        self.estimator = shares_with.estimator if shares_with is not None else get_estimator(estimator)
         self.estimator_name = estimator
         self.overheads = dict(overheads or {})
+        self.shares_with = shares_with
         self._models: dict[tuple, StepTimeModel] = {}
 
     def get(self, case: ServingCase) -> StepTimeModel:
@@ -99,7 +103,9 @@ class StepModels:
             from servesim.models.parallel import Parallelism
 
             deployment = case_deployment(case, get_model(case.preset), get_gpu(case.gpu), self.estimator_name)
-            self._models[key] = StepTimeModel(deployment, self.estimator, overhead=self.overheads.get(case.engine))
+            base = self.shares_with.get(case) if self.shares_with is not None else None
+            self._models[key] = StepTimeModel(deployment, self.estimator, overhead=self.overheads.get(case.engine),
+                                              shares_with=base)
         return self._models[key]
 
 

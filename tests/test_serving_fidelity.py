@@ -1,4 +1,4 @@
-"""Prefix caching and async scheduling in the serving simulator: what a user relies on when prompts repeat."""
+"""Serving fidelity: prefix caching, async scheduling and the API server, as a user relies on them."""
 
 from __future__ import annotations
 
@@ -163,3 +163,17 @@ def test_async_scheduling_hides_the_host_behind_the_gpu(step_models):
         tpot[async_scheduling] = simulate(dep, load, step_model=StepTimeModel(dep)).summary()["tpot_mean_ms"]
     overhead_ms = dep.release.overhead.step_overhead_us(8, 1) / 1e3
     assert tpot[False] - tpot[True] == pytest.approx(overhead_ms, rel=0.05)
+
+
+def test_the_api_server_spreads_a_burst_of_requests_over_time():
+    # Four requests sent at once reach the engine one API-server turn apart, and their TTFT (from the send)
+    # includes that wait; without API-server costs they all reach it at once.
+    load = build_workload("fixed:512:8", 4, arrival="burst")
+    dep = deployment()
+    costs = dataclasses.replace(dep.release.overhead, request_us=1000.0, per_prompt_token_us=1.0)
+    spread = simulate(dep, load, step_model=StepTimeModel(dep, overhead=costs))
+    turn_s = (1000.0 + 512 * 1.0) * 1e-6
+    np.testing.assert_allclose(np.sort(spread.first_scheduled_s)[0], turn_s)
+    assert (np.sort(spread.first_scheduled_s) >= turn_s * np.arange(1, 5) - 1e-12).all()
+    at_once = simulate(dep, load, step_model=StepTimeModel(dep))
+    assert (at_once.first_scheduled_s == 0).all()

@@ -24,3 +24,8 @@ MAX_REPLICAS = 100_000
 #: (1 / cv²) is under 0.01 and most gaps underflow to exactly 0, so a run's measured rate is off by orders of
 #: magnitude; and a log-normal whose std is ten times its mean already spreads lengths over five decades.
 MAX_CV = 10.0
+
+#: Nodes one modelled collective spans. The communication forests learnt from groups of at most 16 GPUs over at most
+#: two nodes, and the engines' TP groups stay within a node (``servesim plan`` keeps TP × PP within one); beyond two
+#: nodes the prediction is extrapolation that can even fall with more GPUs (64 H100s came out faster than 16).
+MAX_COLLECTIVE_NODES = 2

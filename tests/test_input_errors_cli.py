@@ -153,3 +153,64 @@ def test_fp8_quick_plan_notes_the_unsupported_gpu():
 def test_fp8_plan_on_gpus_without_fp8_only_is_refused():
     refused(run("plan", "--model", "llama3-8b", "--gpus", "A100", "--dtype", "fp8", "--tp", "1", "--quick"),
             "no FP8 Tensor cores")
+
+
+# Layout suggestions are layouts the same command accepts -------------------------------------------------------------
+
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+def _suggested(args: list[str], error: str) -> list[list[str]]:
+    """The commands a layout error suggests: ``args`` with --tp or --pp replaced by each suggested value."""
+    def with_value(flag: str, value: int) -> list[str]:
+        i = args.index(flag)
+        return args[:i + 1] + [str(value)] + args[i + 2:]
+
+    among = re.search(r"use a TP among ([\d, ]+)", error)
+    if among:
+        values = [int(v) for v in among.group(1).split(",")]
+        return [with_value("--tp", v) for v in (values[0], values[-1])]
+    most = re.search(r"use PP ≤ (\d+)", error)
+    if most:
+        return [with_value("--pp", int(most.group(1)))]
+    return []
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=st.sampled_from(["llama3-8b", "qwen2.5-7b", "mixtral-8x7b"]), tp=st.integers(1, 40),
+       pp=st.integers(1, 40), command=st.sampled_from(["plan", "simulate"]))
+def test_layout_suggestions_are_accepted(model, tp, pp, command):
+    args = (["plan", "--model", model, "--quick"] if command == "plan"
+            else ["latency", "--model", model, "--batch-size", "1", "--input-len", "8", "--output-len", "2"])
+    args += ["--tp", str(tp), "--pp", str(pp)]
+    result = run(*args)
+    if result.exit_code == 0 or not any(w in result.output for w in ("TP=", "PP=", "TP×PP")):
+        return
+    error = refused(result)
+    suggestions = _suggested(args, error)
+    assert suggestions, error
+    for suggestion in suggestions:
+        again = run(*suggestion)
+        assert again.exit_code == 0 or again.output.strip() != error, (suggestion, error)
+        layout_error = re.search(r"(TP|PP|TP×PP)=\d+ (does not|exceeds|and the)", again.output)
+        assert layout_error is None or again.output.strip() != error, (suggestion, again.output)
+
+
+def test_suggestions_leave_out_tps_plan_refuses():
+    assert "use a TP among 1, 2, 4\n" in run("plan", "--model", "qwen2.5-7b", "--tp", "8", "--quick").output
+    assert "use a TP among 1, 2, 4, 8\n" in run("plan", "--model", "llama3-8b", "--tp", "3", "--quick").output
+
+
+def test_one_layout_bound_for_every_command():
+    refused(run("simulate", "--model", "llama3-8b", "--tp", "16"), "exceeds the 8 GPUs of one H100-SXM node")
+    refused(run("latency", "--model", "llama3-8b", "--tp", "16"), "exceeds the 8 GPUs")
+    refused(run("kernels", "--model", "llama3-8b", "--tp", "16", "--batch", "decode:1x10"), "exceeds the 8 GPUs")
+
+
+def test_collective_group_is_bounded():
+    refused(run("kernel", "allreduce", "--gpu", "H100", "--gpus", "100000", "--bytes", "16MiB"),
+            "use --gpus between 2 and 16")
+    assert run("kernel", "allreduce", "--gpu", "H100", "--gpus", "16", "--bytes", "16MiB").exit_code == 0

@@ -175,7 +175,7 @@ def test_bad_inputs_are_one_line_errors():
         (("plan", "--model", "llama3-8b", "--concurrency", "8", "--arrival", "trace"), "drop --arrival"),
         (("plan", "--model", "llama3-8b", "--address", "auto"), "use it with --executor ray"),
         (("plan", "--model", "llama3-8b", "--workload", "nonsense"), "unknown workload 'nonsense'"),
-        (("plan", "--model", "llama3-8b", "--quick", "--pp", "16"), "no TP/PP layout of llama3-8b fits"),
+        (("plan", "--model", "llama3-8b", "--quick", "--pp", "16"), "PP=16 exceeds the 8 GPUs of one H100-SXM node; use PP ≤ 8"),
         (("plan", "--model", "llama3-8b", "--quick", "--qps", "3", "--ttft-p90", "500"),
          "--quick estimates without traffic, so --qps, --ttft-p90 would be ignored"),
         (("plan", "--model", "llama3-8b", "--quick", "--input-len", "100000"), "exceed llama3-8b's context of 8,192"),

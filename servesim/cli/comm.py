@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
+from servesim.errors import ServesimError
 
 _IMPLEMENTATIONS = ("auto", "nccl", "custom_graph", "custom_eager")
 #: :data:`servesim.training.comm_eval.BREAKDOWNS`, written out so that the CLI does not import the lab package.
@@ -41,7 +42,14 @@ def _collective_command(name: str, op: str, summary: str) -> click.Command:
         from servesim.comm.sizes import parse_bytes
         from servesim.hardware import get_gpu
 
+        from servesim.limits import MAX_COLLECTIVE_NODES
+
         spec = get_gpu(gpu)
+        most = spec.gpus_per_node * MAX_COLLECTIVE_NODES
+        if group_size > most:
+            raise ServesimError(f"--gpus {group_size} spans more than {MAX_COLLECTIVE_NODES} nodes of "
+                                f"{spec.gpus_per_node} {spec.name}s, beyond what the communication model was "
+                                f"measured on; use --gpus between 2 and {most}")
         message_bytes = parse_bytes(size_text)
         if implementation == "auto":
             implementation = (allreduce_implementation(engine, spec, group_size, message_bytes, cuda_graph=not eager)

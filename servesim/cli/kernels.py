@@ -84,9 +84,11 @@ def kernels_command(
     from servesim.kernels.expand import expand
     from servesim.models import get_model
     from servesim.models.config import check_context
+    from servesim.models.parallel import Parallelism, check_layout
 
     model = get_model(model_ref)
     gpu = get_gpu(gpu_name)
+    check_layout(model, gpu, Parallelism(tp, pp))
     batch = parse_batch(batch_text)
     check_context(model, batch.kv_lens, fix="shorten the batch's requests")
     step = expand(engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype)

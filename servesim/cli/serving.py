@@ -60,12 +60,14 @@ def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, 
     """The deployment the options describe and its step-time model."""
     from servesim.hardware import get_gpu
     from servesim.models import get_model
-    from servesim.models.parallel import Parallelism
+    from servesim.models.parallel import Parallelism, check_layout
     from servesim.serving.deployment import build_deployment
     from servesim.serving.step_time import StepTimeModel
 
+    model, gpu = get_model(model_ref), get_gpu(gpu_name)
+    check_layout(model, gpu, Parallelism(tp, pp))
     deployment = build_deployment(
-        get_model(model_ref), get_gpu(gpu_name), Parallelism(tp, pp), engine, dtype, estimator,
+        model, gpu, Parallelism(tp, pp), engine, dtype, estimator,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling)

@@ -27,33 +27,68 @@ class Parallelism:
         return f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "")
 
 
-def validate_parallelism(model: ModelConfig, par: Parallelism) -> None:
-    """Raise a :class:`ServesimError` for a layout the engines refuse."""
-    if par.tp < 1 or par.pp < 1:
-        raise ServesimError(f"TP and PP must be at least 1 (got TP={par.tp}, PP={par.pp})")
+#: The largest TP or TP × PP suggested when no GPU bounds a layout: a replica of eight 8-GPU nodes.
+UNBOUNDED_SUGGESTION_GPUS = 64
+
+
+def _tp_problem(model: ModelConfig, tp: int) -> str | None:
+    """Why the engines refuse tensor parallelism ``tp`` for ``model`` (heads, KV heads, sharded widths), or None."""
     heads = model.num_attention_heads
-    if heads % par.tp:
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]
-        raise ServesimError(
-            f"TP={par.tp} does not divide the {heads} attention heads of {model.name}; "
-            f"use a TP among {', '.join(map(str, divisors))}"
-        )
+    if heads % tp:
+        return f"TP={tp} does not divide the {heads} attention heads of {model.name}"
     kv = model.num_kv_heads
-    if (par.tp < kv and kv % par.tp) or (par.tp > kv and par.tp % kv):
-        raise ServesimError(
-            f"TP={par.tp} and the {kv} KV heads of {model.name} do not divide one another; "
-            f"pick a TP that divides {kv} or is a multiple of it"
-        )
+    if (tp < kv and kv % tp) or (tp > kv and tp % kv):
+        return f"TP={tp} and the {kv} KV heads of {model.name} do not divide one another"
     widths = {"padded vocabulary": padded_vocab(model.vocab_size)}
     if len(model.moe_layer_indices) < model.num_layers:
         widths["intermediate_size"] = model.intermediate_size
     if model.is_moe:
         widths["moe_intermediate_size"] = model.moe_intermediate_size
     for what, width in widths.items():
-        if width % par.tp:
-            raise ServesimError(f"TP={par.tp} does not divide the {what} of {model.name} ({width}); pick another TP")
+        if width % tp:
+            return f"TP={tp} does not divide the {what} of {model.name} ({width})"
+    return None
+
+
+def accepted_tps(model: ModelConfig, max_gpus: int | None = None, pp: int = 1) -> list[int]:
+    """Every TP the engines accept for ``model`` with ``pp`` stages in at most ``max_gpus`` GPUs
+    (:data:`UNBOUNDED_SUGGESTION_GPUS` when None)."""
+    limit = max_gpus or UNBOUNDED_SUGGESTION_GPUS
+    return [tp for tp in range(1, limit // max(pp, 1) + 1) if _tp_problem(model, tp) is None]
+
+
+def validate_parallelism(model: ModelConfig, par: Parallelism, max_gpus: int | None = None,
+                         where: str = "one node") -> None:
+    """Raise a :class:`ServesimError` for a layout the engines refuse, or one of more than ``max_gpus`` GPUs (the
+    GPUs of ``where``). Every command checks layouts here, so each refuses the same ones, and each message's
+    suggestions are layouts this check accepts."""
+    if par.tp < 1 or par.pp < 1:
+        raise ServesimError(f"TP and PP must be at least 1 (got TP={par.tp}, PP={par.pp})")
+
+    def tp_choices() -> str:
+        choices = accepted_tps(model, max_gpus, par.pp) or accepted_tps(model, max_gpus)
+        return ", ".join(map(str, choices))
+
+    if max_gpus is not None and par.tp > max_gpus:
+        raise ServesimError(f"TP={par.tp} exceeds the {max_gpus} GPUs of {where}; use a TP among "
+                            f"{tp_choices()}")
+    problem = _tp_problem(model, par.tp)
+    if problem is not None:
+        raise ServesimError(f"{problem}; use a TP among {tp_choices()}")
+    max_pp = model.num_layers if max_gpus is None else min(model.num_layers, max_gpus // par.tp)
     if par.pp > model.num_layers:
-        raise ServesimError(f"PP={par.pp} exceeds the {model.num_layers} layers of {model.name}; use PP ≤ {model.num_layers}")
+        raise ServesimError(f"PP={par.pp} exceeds the {model.num_layers} layers of {model.name}; use PP ≤ {max_pp}")
+    if max_gpus is not None and par.num_gpus > max_gpus and par.tp == 1:
+        raise ServesimError(f"PP={par.pp} exceeds the {max_gpus} GPUs of {where}; use PP ≤ {max_pp}")
+    if max_gpus is not None and par.num_gpus > max_gpus:
+        raise ServesimError(f"TP×PP={par.num_gpus} exceeds the {max_gpus} GPUs of {where}; use PP ≤ {max_pp} with "
+                            f"TP={par.tp}, or a smaller TP")
+
+
+def check_layout(model: ModelConfig, gpu, par: Parallelism) -> None:
+    """The one check of a replica's layout on ``gpu``: what the engines accept for the model, within one node (one
+    NVLink domain) of ``gpu``, as ``servesim plan`` searches layouts."""
+    validate_parallelism(model, par, gpu.gpus_per_node, f"one {gpu.name} node")
 
 
 def kv_heads_per_gpu(model: ModelConfig, tp: int) -> int:

@@ -17,7 +17,7 @@ from servesim.estimator.coverage import Coverage
 from servesim.hardware.spec import GpuSpec
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB
-from servesim.models.parallel import Parallelism, validate_parallelism
+from servesim.models.parallel import Parallelism, check_layout, validate_parallelism
 from servesim.planner.executor import Executor
 from servesim.planner.search import (
     BRACKET_FACTOR,
@@ -116,15 +116,10 @@ def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int 
     node, keeping TP × PP within a node (so that a node holds whole replicas) and the layouts the engines accept."""
     node = gpu.gpus_per_node
     if tp is not None:
-        if tp > node:
-            raise ServesimError(f"TP={tp} exceeds the {node} GPUs of one {gpu.name} node; use TP ≤ {node} and PP "
-                                f"for more GPUs")
-        validate_parallelism(model, Parallelism(tp, 1))
+        check_layout(model, gpu, Parallelism(tp, 1))
+    if pp is not None:
+        check_layout(model, gpu, Parallelism(tp or 1, pp))
     if tp is not None and pp is not None:
-        if tp * pp > node:
-            raise ServesimError(f"TP×PP={tp * pp} exceeds the {node} GPUs of one {gpu.name} node; use at most "
-                                f"{node} GPUs per replica")
-        validate_parallelism(model, Parallelism(tp, pp))
         return [Parallelism(tp, pp)]
     divisors = [d for d in range(1, node + 1) if node % d == 0]
     layouts = []

@@ -214,3 +214,10 @@ def test_collective_group_is_bounded():
     refused(run("kernel", "allreduce", "--gpu", "H100", "--gpus", "100000", "--bytes", "16MiB"),
             "use --gpus between 2 and 16")
     assert run("kernel", "allreduce", "--gpu", "H100", "--gpus", "16", "--bytes", "16MiB").exit_code == 0
+
+
+def test_fp8_plan_does_not_advise_fp8_or_a_gpu_without_it():
+    quick = refused(run("plan", "--model", "llama3-70b", "--tp", "1", "--pp", "1", "--dtype", "fp8", "--quick"))
+    assert "FP8" not in quick
+    searched = refused(run("plan", "--model", "llama3-70b", "--tp", "1", "--pp", "1", "--dtype", "fp8", "-n", "50"))
+    assert "use FP8" not in searched and "fp8 weights" not in searched and "A100" not in searched

@@ -68,8 +68,9 @@ def _priced_gpus(gpu_list: str, prices_file: str | None, price_overrides: tuple[
     return apply_prices(gpus, {k: (v, str(date.today())) for k, v in overrides.items()}, "--price on the command line")
 
 
-def _quick_row(est) -> dict:
+def _quick_row(est, dtype: str) -> dict:
     from servesim.models.memory import GIB
+    from servesim.planner.search import shortfall
 
     memory = est.memory
     return {
@@ -91,7 +92,7 @@ def _quick_row(est) -> dict:
         "usd_per_million_output_tokens": est.usd_per_million_output_tokens,
         "price_usd_per_gpu_hour": est.gpu.price_usd_per_gpu_hour,
         "price_date": est.gpu.price_date,
-        "note": None if est.fits else est.shortfall(),
+        "note": None if est.fits else shortfall(est, dtype),
     }
 
 
@@ -105,7 +106,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
     model, dtype = request.model, request.dtype
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     rows = [
-        _quick_row(estimate_gpu(request.deployment(gpu, par), kernel_estimator, input_len, output_len))
+        _quick_row(estimate_gpu(request.deployment(gpu, par), kernel_estimator, input_len, output_len), dtype)
         for gpu, par in plan_options(request)
     ]
     unsupported = [{"gpu": gpu.name, "layout": str(par), "reason": why}

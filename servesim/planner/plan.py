@@ -420,7 +420,7 @@ def _fitting_suggestion(request: PlanRequest) -> str:
     fits = []
     for gpu in load_catalogue().values():
         for par in candidate_layouts(model, gpu, None, 1):
-            if request.deployment(gpu, par).memory.fits:
+            if request.deployment(gpu, par).memory.fits and option_refusal(request, gpu, par) is None:
                 fits.append((par.num_gpus, gpu.memory_gib, gpu.name, str(par)))
                 break
     if not fits:

@@ -119,6 +119,13 @@ class OptionResult:
     note: str = ""
 
 
+def shortfall(estimate: GpuEstimate, dtype: str) -> str:
+    """:meth:`GpuEstimate.shortfall` without advice the deployment already follows (FP8 when it runs ``dtype``
+    FP8)."""
+    text = estimate.shortfall()
+    return text.replace(" or use FP8", "") if dtype.startswith("fp8") else text
+
+
 def at_load(workload: Workload, mode: str, load: float) -> Workload:
     """The task's workload at ``load``: arrival times divided by the rate, or ``load`` clients."""
     if mode == "qps":
@@ -299,7 +306,7 @@ def search_capacity(task: OptionTask, steps: StepTimeModel | None = None) -> Opt
         return OptionResult(task, status, estimate, **fields)
 
     if not estimate.fits:
-        return finish("no_fit", binding="memory", note=estimate.shortfall())
+        return finish("no_fit", binding="memory", note=shortfall(estimate, task.deployment.dtype))
     longest = int((task.workload.prompt_tokens + task.workload.output_tokens).max())
     if longest > estimate.memory.kv_tokens:
         return finish("no_fit", binding="memory",

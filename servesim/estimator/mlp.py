@@ -11,7 +11,7 @@ added, such kernels have an efficiency near 1 on every GPU. For long kernels the
 Inference is numpy, batched over all kernels of a category. Weights ship as ``weights/<category>.npz`` with the
 batch norms folded into the linear layers, so the forward pass is ``relu(x @ W + b)`` per hidden layer and a
 scaled sigmoid at the end. Categories without weights fall back to the roofline estimator, and ``label`` says
-which ones do.
+which ones do; so does a category on a GPU its network's training GPUs do not bracket (:func:`brackets`).
 
 The output is ``efficiency_max * sigmoid(z)`` rather than a bare sigmoid: the analytical theoretical time is
 above the measured time for many kernels (tile and L2 models that are pessimistic on some GPUs, benchmarks that
@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from servesim.errors import ServesimError
+from servesim.estimator.base import BoundedEstimator
 from servesim.estimator.inputs import estimator_inputs
 from servesim.features import FeatureMatrix
+from servesim.hardware import get_gpu
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
@@ -156,8 +158,14 @@ def predict_category_us(weights: MlpWeights, kernels: Sequence[Kernel], gpu: Gpu
     return predict_from_inputs_us(weights, matrix)
 
 
-class MlpEstimator:
-    """Per-category MLPs where weights exist, the roofline elsewhere."""
+def brackets(gpu: GpuSpec, trained: Sequence[GpuSpec]) -> bool:
+    """Whether GPUs ``trained`` on bracket ``gpu``: it is of an architecture one of them is of (none recorded:
+    nothing to judge by, so yes). See docs/estimator.md, "GPUs a network's training does not bracket"."""
+    return not trained or gpu.architecture in {g.architecture for g in trained}
+
+
+class MlpEstimator(BoundedEstimator):
+    """Per-category MLPs where weights exist and their training GPUs bracket the GPU, the roofline elsewhere."""
 
     name = "mlp"
 
@@ -166,6 +174,7 @@ class MlpEstimator:
 
         self._weights = shipped_weights() if weights is None else weights
         self._fallback = RooflineEstimator()
+        self._trained_specs: dict[str, tuple[GpuSpec, ...]] = {}
 
     @property
     def label(self) -> str:
@@ -181,7 +190,16 @@ class MlpEstimator:
             weights = [self._weights[category]] if category in self._weights else []
         return tuple(sorted({name for w in weights for name in w.metadata.get("gpus", "").split(",") if name}))
 
-    def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
+    def falls_back(self, category: str, gpu: GpuSpec) -> bool:
+        """Whether ``category`` has a network whose training GPUs do not bracket ``gpu`` (:func:`brackets`), so the
+        roofline times its kernels there."""
+        if category not in self._weights:
+            return False
+        if category not in self._trained_specs:
+            self._trained_specs[category] = tuple(get_gpu(name) for name in self.trained_gpus(category))
+        return not brackets(gpu, self._trained_specs[category])
+
+    def _predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
         """Each distinct kernel is predicted once (a step repeats its layers' kernels), batched per category."""
         distinct: dict[Kernel, int] = {}
         index = np.fromiter((distinct.setdefault(k, len(distinct)) for k in kernels), dtype=np.int64,
@@ -191,7 +209,7 @@ class MlpEstimator:
             by_category.setdefault(kernel.category, []).append(kernel)
         times = np.empty(len(distinct))
         for category, batch in by_category.items():
-            weights = self._weights.get(category)
+            weights = None if self.falls_back(category, gpu) else self._weights.get(category)
             times[[distinct[k] for k in batch]] = (self._fallback.predict_us(batch, gpu) if weights is None
                                                    else predict_category_us(weights, batch, gpu))
         return times[index]

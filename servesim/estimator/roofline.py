@@ -16,12 +16,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from servesim.estimator.base import predict_per_gpu_us
+from servesim.estimator.base import BoundedEstimator, predict_per_gpu_us
+from servesim.estimator.bounds import (  # noqa: F401  (other modules import them from here)
+    TENSOR_CATEGORIES,
+    peak_times_us,
+    pipe_peak_flops,
+    traffic_us,
+)
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel, Quantize, dtype_bytes
-
-#: Categories whose arithmetic runs on the Tensor cores.
-TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe"})
 
 #: The shortest time a kernel takes from start to finish on the GPU however little it does: the launch latency
 #: of the grid, one wave of CTAs and its drain. Vidur's smallest measured element-wise ops on A100/H100 take
@@ -53,17 +56,6 @@ def vllm_quant_stall_us(rows: np.ndarray | int, cols: np.ndarray | int, read_us:
     return np.maximum(latency_bound_us - read_us, 0.0) + atomics_us
 
 
-def traffic_us(bytes_moved: np.ndarray | float, l2_resident_fraction: np.ndarray | float,
-               gpu: GpuSpec) -> np.ndarray | float:
-    """Time to move ``bytes_moved`` at peak when ``l2_resident_fraction`` of it is in L2 and the rest in DRAM."""
-    return (bytes_moved * (1.0 - l2_resident_fraction) / (gpu.dram_bandwidth_gbps * 1e3)
-            + bytes_moved * l2_resident_fraction / (gpu.l2_bandwidth_gbps * 1e3))
-
-
-def _l2_resident_fraction(kernel: Kernel) -> float:
-    return getattr(kernel, "l2_resident_fraction", 0.0)
-
-
 def stall_us(kernel: Kernel, gpu: GpuSpec) -> float:
     """Time ``kernel`` waits beyond its peak compute and memory times (see :func:`vllm_quant_stall_us`)."""
     if isinstance(kernel, Quantize) and kernel.per_tensor:
@@ -72,28 +64,12 @@ def stall_us(kernel: Kernel, gpu: GpuSpec) -> float:
     return 0.0
 
 
-def pipe_peak_flops(kernel: Kernel, gpu: GpuSpec) -> float:
-    """FLOP/s of the pipe ``kernel`` computes on, at the sustained clock."""
-    if kernel.category in TENSOR_CATEGORIES:
-        dtype = "bf16" if kernel.dtype in ("fp16", "bf16") else kernel.dtype
-        return gpu.tensor_tflops(dtype) * 1e12 or gpu.tensor_tflops("bf16") * 1e12
-    return gpu.fma_tflops() * 1e12
-
-
-class RooflineEstimator:
+class RooflineEstimator(BoundedEstimator):
     name = "roofline"
     label = "roofline (analytical peak compute / DRAM bandwidth, no learned correction)"
 
-    def trained_gpus(self, category: str | None = None) -> tuple[str, ...]:
-        return ()
-
-    def predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
-        flops = np.fromiter((k.flops() for k in kernels), dtype=float, count=len(kernels))
-        bytes_moved = np.fromiter((k.bytes_moved() for k in kernels), dtype=float, count=len(kernels))
-        peaks = np.fromiter((pipe_peak_flops(k, gpu) for k in kernels), dtype=float, count=len(kernels))
-        compute_us = flops / peaks * 1e6
-        resident = np.fromiter((_l2_resident_fraction(k) for k in kernels), dtype=float, count=len(kernels))
-        memory_us = traffic_us(bytes_moved, resident, gpu)
+    def _predict_us(self, kernels: Sequence[Kernel], gpu: GpuSpec) -> np.ndarray:
+        compute_us, memory_us = peak_times_us(kernels, gpu)
         stalls_us = np.fromiter((stall_us(k, gpu) for k in kernels), dtype=float, count=len(kernels))
         return np.maximum(np.maximum(compute_us, memory_us) + stalls_us, MIN_KERNEL_US)
 

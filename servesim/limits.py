@@ -29,3 +29,7 @@ MAX_CV = 10.0
 #: two nodes, and the engines' TP groups stay within a node (``servesim plan`` keeps TP × PP within one); beyond two
 #: nodes the prediction is extrapolation that can even fall with more GPUs (64 H100s came out faster than 16).
 MAX_COLLECTIVE_NODES = 2
+
+#: The latest arrival a workload may have, in seconds (about 32 years). Later times mean a unit mistake (nanoseconds
+#: read as seconds) or a rate near zero; simulated clocks that large lose the sub-millisecond resolution of a step.
+MAX_ARRIVAL_S = 1e9

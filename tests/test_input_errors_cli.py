@@ -221,3 +221,17 @@ def test_fp8_plan_does_not_advise_fp8_or_a_gpu_without_it():
     assert "FP8" not in quick
     searched = refused(run("plan", "--model", "llama3-70b", "--tp", "1", "--pp", "1", "--dtype", "fp8", "-n", "50"))
     assert "use FP8" not in searched and "fp8 weights" not in searched and "A100" not in searched
+
+
+# Arrival times beyond any run ----------------------------------------------------------------------------------------
+
+def test_vanishing_rate_is_refused_with_a_rate_that_works():
+    error = refused(run("workload", "arxiv", "--qps", "1e-300"), "raise --qps to at least")
+    rate = error.rsplit(" ", 1)[-1]
+    assert run("workload", "arxiv", "--qps", rate).exit_code == 0
+
+
+def test_trace_arrival_of_1e300_seconds_is_refused(tmp_path: Path):
+    trace = tmp_path / "big.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,10\n1e300,10,10\n")
+    refused(run("workload", trace), "1e+300 s", "unit")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
@@ -124,6 +126,19 @@ def _arrival_process(arrival: str, qps: float | None, cv: float, time_scale: flo
     return Poisson(qps) if arrival == "poisson" else Gamma(qps, cv)
 
 
+def _check_arrivals(arrival_s: np.ndarray, name: str, qps: float | None) -> None:
+    """Refuse arrival times past :data:`servesim.limits.MAX_ARRIVAL_S` (or not finite)."""
+    from servesim.limits import MAX_ARRIVAL_S
+
+    latest = float(np.max(arrival_s)) if len(arrival_s) else 0.0
+    if math.isfinite(latest) and latest <= MAX_ARRIVAL_S:
+        return
+    fix = (f"raise --qps to at least {2 * len(arrival_s) / MAX_ARRIVAL_S:.3g}" if qps is not None
+           else "check the arrival column's unit (seconds) or give --qps")
+    raise ServesimError(f"{name}: the last request would arrive at {latest:.3g} s, later than the "
+                        f"{MAX_ARRIVAL_S:.0e} s a workload may span; {fix}")
+
+
 def build_workload(
     profile_or_trace: str,
     num_requests: int | None = None,
@@ -185,11 +200,14 @@ def build_workload(
     arrival = _resolve_arrival(arrival, qps, concurrency, drawn)
     process = _arrival_process(arrival, qps, cv, time_scale, drawn)
     prompt, output = drawn.lengths[:, 0], drawn.lengths[:, 1]
+    with np.errstate(all="ignore"):
+        arrival_s = process.arrival_times_s(arrival_rng, len(prompt))
+    _check_arrivals(arrival_s, drawn.name, qps)
     return Workload(
         name=drawn.name,
         prompt_tokens=np.clip(prompt, 1, max_prompt_tokens),
         output_tokens=np.clip(output, 1, max_output_tokens),
-        arrival_s=process.arrival_times_s(arrival_rng, len(prompt)),
+        arrival_s=arrival_s,
         arrival_mode="open" if concurrency is None else "closed",
         concurrency=concurrency,
         seed=seed,

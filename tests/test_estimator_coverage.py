@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 from click.testing import CliRunner
 
 from servesim.cli import main
@@ -78,3 +79,55 @@ def test_a_measured_gpu_names_the_categories_it_launches_that_were_measured_else
     assert dense[1].note() is None
     moe = estimator_coverage(mlp, [h200], "bf16", launched_by("vllm", get_model("qwen3-30b-a3b"), "bf16"))
     assert moe[0].extrapolated_categories == ("rmsnorm", "rope")
+
+
+def test_element_wise_networks_give_way_to_the_roofline_on_architectures_they_never_saw():
+    """The RMSNorm, SiLU-and-mul and RoPE networks learned from an Ampere and a Hopper GPU: on Ada and Blackwell GPUs
+    the roofline times those kernels; on Ampere and Hopper GPUs (measured or not) the networks do, and the GEMM
+    network, trained on every architecture, times GEMMs everywhere."""
+    from servesim.estimator.roofline import RooflineEstimator
+    from servesim.kernels.types import Gemm, RMSNorm, Rope, SiluMul
+
+    mlp = get_estimator("mlp")
+    element_wise = [RMSNorm(rows=4096, dim=8192), SiluMul(tokens=512, dim=14336),
+                    Rope(tokens=2048, num_heads=32, num_kv_heads=8, head_dim=128)]
+    for name in ("L40S", "L4", "RTX-4090", "B200", "GB300", "RTX-PRO-6000"):
+        gpu = get_gpu(name)
+        assert all(mlp.falls_back(k.category, gpu) for k in element_wise) and not mlp.falls_back("gemm", gpu)
+        np.testing.assert_array_equal(mlp.predict_us(element_wise, gpu),
+                                      RooflineEstimator().predict_us(element_wise, gpu))
+    for name in ("A100", "H100", "H200", "H20", "A40", "A10G"):
+        assert not any(mlp.falls_back(k.category, get_gpu(name)) for k in element_wise)
+    assert not mlp.falls_back("gemm", get_gpu("L4")) and not mlp.falls_back("kv_write", get_gpu("L4"))
+    assert not any(get_estimator("roofline").falls_back(k.category, get_gpu("L4")) for k in element_wise)
+    h100 = get_gpu("H100")
+    assert not np.array_equal(mlp.predict_us([Gemm(m=64, n=4096, k=4096)], h100),
+                              RooflineEstimator().predict_us([Gemm(m=64, n=4096, k=4096)], h100))
+
+
+def test_every_category_the_roofline_takes_over_is_named_in_notes_and_json():
+    mlp = get_estimator("mlp")
+    launched = launched_by("vllm", get_model("llama3-8b"), "bf16")
+    l40s, l40, h20 = estimator_coverage(mlp, [get_gpu("L40S"), get_gpu("L40"), get_gpu("H20")], "bf16", launched)
+    # Measured GEMMs and attention, element-wise kernels on the roofline.
+    assert l40s.measured and l40s.roofline_categories == ("rmsnorm", "rope", "silu_mul")
+    assert l40s.extrapolated_categories == ("rmsnorm", "rope", "silu_mul") and l40s.extrapolated_from == ()
+    assert l40s.note().startswith("L40S: rmsnorm, rope, silu_mul timed by the roofline")
+    assert l40s.to_json()["roofline_categories"] == ["rmsnorm", "rope", "silu_mul"]
+    assert l40s.to_json()["roofline_trained_gpus"] == ["A100-SXM-80GB", "H100-SXM"]
+    # Unmeasured: the networks' categories are named as extrapolated, the roofline's as the roofline's.
+    assert not l40.measured and "gemm" in l40.extrapolated_categories and "rmsnorm" in l40.extrapolated_categories
+    assert "rmsnorm" not in l40.note().split(" kernel times extrapolated")[0]
+    assert "rmsnorm, rope, silu_mul timed by the roofline" in l40.note()
+    assert h20.roofline_categories == () and "rmsnorm" in h20.note() and "roofline" not in h20.note()
+
+
+def test_latency_output_says_which_categories_the_roofline_timed():
+    args = ["latency", "--model", "llama3-8b", "--gpu", "B200", "--batch-size", "4", "--input-len", "128",
+            "--output-len", "8"]
+    table = CliRunner().invoke(main, args)
+    assert table.exit_code == 0, table.output
+    assert "B200: rmsnorm, rope, silu_mul timed by the roofline" in table.output
+    payload = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    (b200,) = payload["estimator_coverage"]
+    assert b200["roofline_categories"] == ["rmsnorm", "rope", "silu_mul"]

@@ -24,6 +24,8 @@ from servesim.models.config import ModelConfig
 
 #: Where docs explain what extrapolated predictions are worth.
 ACCURACY_DOC = 'docs/accuracy.md, "Retraining and GPUs nobody measured"'
+#: Where docs say when a network's training GPUs bracket a GPU, and what times the kernels where they do not.
+BRACKET_DOC = 'docs/estimator.md, "GPUs a network\'s training does not bracket"'
 
 
 @dataclass(frozen=True)
@@ -52,28 +54,47 @@ class Coverage:
     measured: bool
     trained_gpus: tuple[str, ...]
     out_of_range: tuple[OutOfRange, ...]
-    #: On a measured GPU, the categories it launches whose networks learned from other GPUs only, and those GPUs.
+    #: The categories it launches whose networks learned from other GPUs only, and the GPUs the networks that time
+    #: them here learned from.
     extrapolated_categories: tuple[str, ...] = ()
     extrapolated_from: tuple[str, ...] = ()
+    #: Of those, the categories whose networks' training GPUs do not bracket this GPU, which the roofline times
+    #: on it instead (:meth:`servesim.estimator.base.BoundedEstimator.falls_back`), and their networks' GPUs.
+    roofline_categories: tuple[str, ...] = ()
+    roofline_trained_gpus: tuple[str, ...] = ()
+
+    def _roofline_clause(self) -> str:
+        return (f"{', '.join(self.roofline_categories)} timed by the roofline, their networks' GPUs "
+                f"({', '.join(self.roofline_trained_gpus)}) not bracketing it ({BRACKET_DOC})")
 
     def note(self) -> str | None:
         """One line for command output, or None for a GPU whose kernels were all measured."""
+        learned = [c for c in self.extrapolated_categories if c not in self.roofline_categories]
         if self.measured:
-            if not self.extrapolated_categories:
-                return None
-            return (f"{self.gpu}: {', '.join(self.extrapolated_categories)} kernels not measured on it; their times "
-                    f"extrapolated from {', '.join(self.extrapolated_from)}")
-        head = f"{self.gpu}: not measured; kernel times extrapolated from {len(self.trained_gpus)} measured GPUs"
+            parts = []
+            if learned:
+                parts.append(f"{', '.join(learned)} kernels not measured on it; their times extrapolated from "
+                             f"{', '.join(self.extrapolated_from)}")
+            if self.roofline_categories:
+                parts.append(self._roofline_clause())
+            return f"{self.gpu}: {'; '.join(parts)}" if parts else None
+        if self.extrapolated_categories and not learned:
+            return f"{self.gpu}: not measured; {self._roofline_clause()}"
+        what = f"{', '.join(learned)} kernel times" if learned else "kernel times"
+        head = f"{self.gpu}: not measured; {what} extrapolated from {len(self.trained_gpus)} measured GPUs"
+        tail = f"; {self._roofline_clause()}" if self.roofline_categories else ""
         if not self.out_of_range:
-            return f"{head}, every figure checked within their range"
+            return f"{head}, every figure checked within their range{tail}"
         return (f"{head}, outside their range in {', '.join(o.describe() for o in self.out_of_range)}; read "
-                f"them as uncertain ({ACCURACY_DOC})")
+                f"them as uncertain ({ACCURACY_DOC}){tail}")
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "measured": self.measured, "trained_gpus": list(self.trained_gpus),
                 "out_of_range": [asdict(o) for o in self.out_of_range],
                 "extrapolated_categories": list(self.extrapolated_categories),
-                "extrapolated_from": list(self.extrapolated_from)}
+                "extrapolated_from": list(self.extrapolated_from),
+                "roofline_categories": list(self.roofline_categories),
+                "roofline_trained_gpus": list(self.roofline_trained_gpus)}
 
 
 def tensor_dtype(weights_dtype: str) -> str:
@@ -126,14 +147,18 @@ def estimator_coverage(estimator: KernelEstimator, gpus: Iterable[GpuSpec], weig
     trained = _trained_specs(estimator)
     if not trained:
         return ()
+    falls_back = getattr(estimator, "falls_back", lambda category, gpu: False)
     result = []
     for gpu in dict.fromkeys(gpus):
         covered = coverage(gpu, trained, weights_dtype)
-        if covered.measured:
-            by_category = {c: estimator.trained_gpus(c) for c in sorted(launched(gpu))}
-            missing = {c: names for c, names in by_category.items() if names and gpu.name not in names}
-            covered = replace(covered, extrapolated_categories=tuple(missing),
-                              extrapolated_from=tuple(sorted({n for names in missing.values() for n in names})))
+        by_category = {c: estimator.trained_gpus(c) for c in sorted(launched(gpu))}
+        missing = {c: names for c, names in by_category.items() if names and gpu.name not in names}
+        roofline = {c: names for c, names in missing.items() if falls_back(c, gpu)}
+        learned = [names for c, names in missing.items() if c not in roofline]
+        covered = replace(covered, extrapolated_categories=tuple(missing),
+                          extrapolated_from=tuple(sorted({n for names in learned for n in names})),
+                          roofline_categories=tuple(roofline),
+                          roofline_trained_gpus=tuple(sorted({n for names in roofline.values() for n in names})))
         result.append(covered)
     return tuple(result)
 
@@ -162,4 +187,13 @@ def kernel_coverage(estimator: KernelEstimator, kernel: Kernel, gpu: GpuSpec) ->
     trained = _trained_specs(estimator, kernel.category)
     if not trained:
         return None
-    return coverage(gpu, trained, kernel.dtype if kernel.category in TENSOR_CATEGORIES else None)
+    covered = coverage(gpu, trained, kernel.dtype if kernel.category in TENSOR_CATEGORIES else None)
+    falls_back = getattr(estimator, "falls_back", lambda category, gpu: False)
+    if not covered.measured:
+        covered = replace(covered, extrapolated_categories=(kernel.category,))
+        if falls_back(kernel.category, gpu):
+            covered = replace(covered, roofline_categories=(kernel.category,),
+                              roofline_trained_gpus=covered.trained_gpus)
+        else:
+            covered = replace(covered, extrapolated_from=covered.trained_gpus)
+    return covered

@@ -182,7 +182,8 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
 @validate_group.command("ops")
 @click.option("--vidur-root", type=click.Path(file_okay=False, path_type=Path), default=Path("../shared/data/vidur"),
               show_default=True, help="Folder holding Vidur's compute/ tables.")
-@click.option("--gpu", "gpus", multiple=True, help="Only these GPUs (A100-SXM-80GB, H100-SXM).")
+@click.option("--gpu", "gpus", multiple=True,
+              help="Only these GPUs (repeatable) [default: every GPU folder under compute/].")
 @click.option("--estimator", "estimators", multiple=True, help="Estimators to score (repeatable) [default: all].")
 @output_format_options
 def ops_command(vidur_root, gpus, estimators, output_format) -> None:
@@ -191,11 +192,13 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 
     \b
     servesim validate ops --vidur-root ../shared/data/vidur
+
+    Any GPU folder under compute/ (Vidur's a100 and h100, or a Vidur-format profile of another GPU in a folder such
+    as a40 or l40s) whose name is a GPU of 'servesim gpus' is read.
     """
     from servesim.estimator.base import ESTIMATORS, get_estimator
-    from servesim.data.vidur import VIDUR_GPUS
     from servesim.hardware import get_gpu
-    from servesim.validate.ops import compare_ops, ops_summary
+    from servesim.validate.ops import compare_ops, load_ops, ops_summary
 
     names = tuple(estimators) or tuple(sorted(ESTIMATORS))
     for name in names:
@@ -203,8 +206,9 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
     frame = compare_ops(names, vidur_root, tuple(get_gpu(g).name for g in gpus) or None)
     rows = ops_summary(frame, names)
     if not rows:
+        measured = sorted(load_ops(vidur_root)["gpu"].unique())
         raise ServesimError(f"Vidur's data in {vidur_root} has no operator times for {', '.join(gpus)}; it measured "
-                            f"{' and '.join(VIDUR_GPUS.values())}")
+                            f"{', '.join(measured)}")
     columns = [Column("gpu", "GPU", align="<"), Column("op", "op", align="<"), Column("rows", "rows", ",d"),
                Column("median_measured_us", "median meas. µs", ",.1f")]
     for name in names:

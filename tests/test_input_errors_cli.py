@@ -235,3 +235,30 @@ def test_trace_arrival_of_1e300_seconds_is_refused(tmp_path: Path):
     trace = tmp_path / "big.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,10\n1e300,10,10\n")
     refused(run("workload", trace), "1e+300 s", "unit")
+
+
+# Results that cannot be trusted say so ---------------------------------------------------------------------------
+
+def test_overloaded_simulation_says_the_server_falls_behind():
+    import json
+
+    result = run("simulate", "--model", "llama3-8b", "--gpu", "H100", "--workload", "fixed:512:64", "--qps", "1000",
+                 "-n", "200")
+    assert result.exit_code == 0, result.output
+    assert "the server falls behind: requests completed at 0% of the arrival rate" in result.output
+    assert "lower --qps or add --replicas" in result.output
+    summary = json.loads(run("simulate", "--model", "llama3-8b", "--gpu", "H100", "--workload", "fixed:512:64",
+                             "--qps", "1000", "-n", "200", "--json").output)["summary"]
+    assert summary["overloaded"] is True and summary["completion_ratio"] < 0.8
+
+
+def test_sustained_simulation_has_no_overload_note():
+    import json
+
+    result = run("simulate", "--model", "llama3-8b", "--gpu", "H100", "--workload", "fixed:512:64", "--qps", "2",
+                 "-n", "40", "--json")
+    summary = json.loads(result.output)["summary"]
+    assert summary["overloaded"] is False and summary["completion_ratio"] == 1.0
+    closed = json.loads(run("simulate", "--model", "llama3-8b", "--gpu", "H100", "--workload", "fixed:512:64",
+                            "--concurrency", "4", "-n", "20", "--json").output)["summary"]
+    assert closed["overloaded"] is False and closed["completion_ratio"] is None

@@ -99,6 +99,19 @@ def _latency_rows(summary: dict) -> list[dict]:
             for stem, label in METRICS]
 
 
+def _overload(result, workload) -> dict:
+    """``completion_ratio``: open loop, requests completed over requests arrived in the second half of the arrival
+    window (None in a closed loop, which never runs ahead of the server); ``overloaded``: that ratio is under
+    :data:`servesim.planner.search.SUSTAIN_FRACTION`, so the queue grows and latencies grow with the run's
+    length."""
+    from servesim.planner.search import SUSTAIN_FRACTION, completion_ratio
+
+    if workload.arrival_mode != "open":
+        return {"completion_ratio": None, "overloaded": False}
+    ratio = completion_ratio(result)
+    return {"completion_ratio": ratio, "overloaded": ratio < SUSTAIN_FRACTION}
+
+
 @click.command("simulate")
 @_engine_options
 @click.option("--workload", "source", default="splitwise-conv", show_default=True,
@@ -150,6 +163,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
                               cv=cv, columns=mapping)
     result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed)
     summary = result.summary()
+    summary.update(_overload(result, workload))
     if slos:
         summary["goodput_req_per_s"] = result.goodput(slos)
     if requests_csv is not None:
@@ -170,6 +184,10 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
         f"{summary['mean_kv_occupancy']:.1%} peak {summary['peak_kv_occupancy']:.1%}, {summary['preemptions']} "
         f"preemptions",
     ]
+    if summary["overloaded"]:
+        notes.append(f"the server falls behind: requests completed at {summary['completion_ratio']:.0%} of the "
+                     f"arrival rate in the second half; latencies are those of a growing queue; lower --qps or add "
+                     f"--replicas")
     if slos:
         notes.append(f"goodput {summary['goodput_req_per_s']:,.2f} req/s meeting {goodput_text}")
     if summary.get("prefix_cache_hit_ratio") is not None:

@@ -79,3 +79,20 @@ def test_user_errors_are_servesim_errors():
 def test_more_requests_than_a_run_can_hold_are_refused_as_typed():
     result = run("arxiv", "--qps", "1", "-n", "1000000000000")
     assert result.exit_code == 2 and "1<=x<=1000000" in result.output
+
+
+def test_a_source_without_arrival_times_is_described_by_its_lengths_beside_the_others():
+    result = run("splitwise-conv", "arxiv", "--requests", "200")
+    assert result.exit_code == 0, result.output
+    body = [line.split() for line in result.output.splitlines()[2:6]]
+    assert body[0][:3] == ["splitwise-conv", "200", "trace"] and body[0][3] != "-"
+    assert [row[:4] for row in body[2:]] == [["arxiv", "200", "none", "-"]] * 2
+    notes = [line for line in result.output.splitlines() if line.startswith("arxiv:")]
+    assert notes == ["arxiv: no arrival times of its own, so lengths only; give --qps, --concurrency or --arrival "
+                     "burst to describe arrivals for every source"]
+    described = json.loads(run("splitwise-conv", "arxiv", "--requests", "200", "--json").output)
+    assert described[0]["arrival"] == "trace" and described[0]["rate_per_s"] > 0
+    assert described[1]["arrival"] == "none" and described[1]["rate_per_s"] is None
+    assert described[1]["prompt_tokens"]["mean"] > 0
+    for fix in (("--qps", "4"), ("--concurrency", "4"), ("--arrival", "burst")):  # the note's suggestions work
+        assert run("splitwise-conv", "arxiv", "--requests", "200", *fix).exit_code == 0

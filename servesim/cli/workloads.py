@@ -3,6 +3,8 @@ requests to CSV."""
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from servesim.cli.output import Column, emit, output_format_options, to_csv
@@ -10,6 +12,7 @@ from servesim.cli.params import DIMENSION, REQUEST_COUNT, SEED, OutputFile
 from servesim.errors import ServesimError
 from servesim.workloads import (
     ARRIVALS,
+    NoArrivalTimes,
     DEFAULT_REQUESTS,
     HASH_BLOCK_TOKENS,
     Workload,
@@ -128,19 +131,35 @@ def workload(sources, num_requests, qps, concurrency, arrival, cv, time_scale, s
     if out is not None and len(sources) != 1:
         raise ServesimError("--out writes one workload's requests; give a single source")
     mapping = parse_columns(columns) if columns else None
-    workloads = [
-        build_workload(
+
+    def build(source: str, arrival: str | None) -> Workload:
+        return build_workload(
             source,
             num_requests,
             qps=qps, concurrency=concurrency, seed=seed, arrival=arrival, cv=cv, time_scale=time_scale,
             max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens, columns=mapping,
             hash_block_tokens=hash_block_tokens,
         )
-        for source in sources
-    ]
-    descriptions = [describe_workload(w) for w in workloads]
+
+    workloads, descriptions, untimed = [], [], []
+    for source in sources:
+        try:
+            built = build(source, arrival)
+            description = describe_workload(built)
+        except NoArrivalTimes:
+            if len(sources) == 1:
+                raise
+            # Described by its lengths alone: the others' own timing is what was asked for, and this source has none.
+            built = build(source, "burst")
+            description = {**describe_workload(built), "arrival_mode": None, "arrival": "none",
+                           "rate_per_s": math.nan, "gap_cv": math.nan, "duration_s": math.nan}
+            untimed.append(built.name)
+        workloads.append(built)
+        descriptions.append(description)
     rows = [row for description in descriptions for row in describe_rows(description)]
     notes = [f"seed {seed}; token counts per request; req/s and gap CV (1 = Poisson) of the generated arrivals"]
+    notes += [f"{name}: no arrival times of its own, so lengths only; give --qps, --concurrency or --arrival burst "
+              f"to describe arrivals for every source" for name in untimed]
     notes += filter(None, map(sharing_note, descriptions))
     if out is not None:
         out.write_text(requests_csv(workloads[0]), encoding="utf-8")

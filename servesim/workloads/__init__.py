@@ -3,7 +3,7 @@ trace loaders, built-in profiles fitted to public traces and generators of promp
 cache). :func:`build_workload` is the entry point."""
 
 from servesim.workloads.arrivals import ArrivalProcess, Burst, EmpiricalGaps, Gamma, Poisson, Replay
-from servesim.workloads.build import ARRIVALS, DEFAULT_REQUESTS, build_workload, source_names
+from servesim.workloads.build import ARRIVALS, DEFAULT_REQUESTS, NoArrivalTimes, build_workload, source_names
 from servesim.workloads.generators import (
     PRESETS,
     Conversations,
@@ -30,6 +30,7 @@ from servesim.workloads.stats import arrival_stats, describe_workload, length_st
 from servesim.workloads.traces import HASH_BLOCK_TOKENS, Trace, load_trace, parse_columns
 
 __all__ = [
+    "NoArrivalTimes",
     "ARRIVALS",
     "CACHE_BLOCK_TOKENS",
     "DEFAULT_REQUESTS",

@@ -38,6 +38,11 @@ class _Drawn:
     prefixes: PromptSegments | None = None
 
 
+class NoArrivalTimes(ServesimError):
+    """A source without timing of its own (a profile of lengths only, a length spec, a trace without arrival
+    times) was asked for its own arrivals: no rate, concurrency or arrival process was given."""
+
+
 def source_names() -> list[str]:
     """The built-in named sources: the profiles and the generator presets."""
     return sorted([*profile_names(), *PRESETS])
@@ -91,7 +96,7 @@ def _resolve_arrival(arrival: str | None, qps: float | None, concurrency: int | 
             return "burst"
         if drawn.own_arrivals is not None:
             return "trace"
-        raise ServesimError(f"{drawn.name!r} has no arrival times: give a rate (qps / --qps), a closed-loop "
+        raise NoArrivalTimes(f"{drawn.name!r} has no arrival times: give a rate (qps / --qps), a closed-loop "
                             f"concurrency (--concurrency) or arrival 'burst' (--arrival burst)")
     if arrival not in ARRIVALS:
         raise ServesimError(f"unknown arrival process {arrival!r}; choose one of {', '.join(ARRIVALS)}")

@@ -262,3 +262,23 @@ def test_sustained_simulation_has_no_overload_note():
     closed = json.loads(run("simulate", "--model", "llama3-8b", "--gpu", "H100", "--workload", "fixed:512:64",
                             "--concurrency", "4", "-n", "20", "--json").output)["summary"]
     assert closed["overloaded"] is False and closed["completion_ratio"] is None
+
+
+def test_target_needing_more_replicas_than_the_bound_is_not_a_plan():
+    import json
+    import re
+
+    from servesim.limits import MAX_REPLICAS
+
+    args = ("plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "1", "--pp", "1", "-n", "100", "--qps", "1e9")
+    line = refused(run(*args), f"more than the {MAX_REPLICAS:,} servesim plans for", "lower --qps to at most")
+    fits = float(re.search(r"lower --qps to at most (\S+)$", line).group(1))
+    result = run(*args, "--json")
+    assert result.exit_code == 2, result.output
+    payload = json.loads(result.output)
+    (option,) = payload["options"]
+    assert option["status"] == "too_large" and option["rank"] is None and payload["recommendation"] is None
+    assert option["replicas"] > MAX_REPLICAS and option["usd_per_hour"] is None
+    assert f"{MAX_REPLICAS:,}" in option["note"]
+    assert payload["infeasible"] == line.removeprefix("error: ")
+    assert fits / option["capacity_qps"] <= MAX_REPLICAS  # the suggested target plans within the bound

@@ -15,6 +15,7 @@ from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.estimator.coverage import Coverage
 from servesim.hardware.spec import GpuSpec
+from servesim.limits import MAX_REPLICAS
 from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB
 from servesim.models.parallel import Parallelism, check_layout, validate_parallelism
@@ -81,13 +82,14 @@ class OptionPlan:
     """One option's search result with replicas and cost applied. Throughputs and cost are at capacity."""
 
     result: OptionResult
-    status: str  # ok | over_budget | no_fit | slo_unmet
+    status: str  # ok | over_budget | too_large | no_fit | slo_unmet
     replicas: int | None = None
     total_gpus: int | None = None
     usd_per_hour: float | None = None  # all replicas
     usd_per_million_output_tokens: float | None = None
     output_tokens_per_s_per_gpu: float | None = None
     rank: int | None = None
+    note: str = ""  # why the status, when costing set it (too_large); else the search's note
 
     @property
     def label(self) -> str:
@@ -261,9 +263,10 @@ def run_plan(request: PlanRequest, executor: Executor, on_done: Callable[[int], 
 
 def cost_option(result: OptionResult, target: float | None, gpu_budget: int | None) -> OptionPlan:
     """Replicas for the target (one without a target), GPUs, $/h, $ per 1M output tokens and output tokens/s per
-    GPU at capacity."""
+    GPU at capacity. An option that needs more than :data:`servesim.limits.MAX_REPLICAS` replicas is ``too_large``:
+    no deployment runs that many, and none of its numbers is a plan."""
     if result.status != "ok":
-        return OptionPlan(result, result.status)
+        return OptionPlan(result, result.status, note=result.note)
     task, capacity = result.task, result.capacity
     assert capacity is not None
     per_replica = capacity.load  # requests/s or clients
@@ -271,6 +274,13 @@ def cost_option(result: OptionResult, target: float | None, gpu_budget: int | No
     if target is not None and replicas * per_replica < target:  # floating-point rounding of the division
         replicas += 1
     gpus_per_replica = task.par.num_gpus
+    if replicas > MAX_REPLICAS:
+        unit = "req/s" if task.mode == "qps" else "clients"
+        return OptionPlan(
+            result, "too_large", replicas=replicas,
+            note=(f"the target needs {replicas:,} replicas of {per_replica:,.3g} {unit}, more than the "
+                  f"{MAX_REPLICAS:,} servesim plans for; a target up to {MAX_REPLICAS * per_replica:,.4g} {unit} "
+                  f"fits"))
     replica_usd_per_hour = task.gpu.price_usd_per_gpu_hour * gpus_per_replica
     tokens_per_s = capacity.output_tokens_per_s
     total_gpus = replicas * gpus_per_replica
@@ -379,13 +389,31 @@ def infeasible_reason(request: PlanRequest, options: list[OptionPlan]) -> str:
         return (f"{model} fits no layout tried (up to {largest.label}: {largest.result.note}). "
                 f"{_fitting_suggestion(request)}")
     unmet = [o for o in options if o.status == "slo_unmet"]
-    if unmet and not any(o.status == "over_budget" for o in options):
+    if unmet and not any(o.status in ("over_budget", "too_large") for o in options):
         return _slo_suggestion(request, unmet)
+    if not any(o.status == "over_budget" for o in options):
+        return _too_large_reason(request, [o for o in options if o.status == "too_large"])
     over = [o for o in options if o.status == "over_budget"]
     fewest = min(over, key=lambda o: (o.total_gpus, o.usd_per_hour))
     return (f"no option meets the target within the budget of {request.gpu_budget} GPUs: the fewest needed are "
             f"{fewest.total_gpus} ({fewest.replicas} × {fewest.label}); raise --gpu-budget to {fewest.total_gpus} "
             f"or lower the target")
+
+
+def _too_large_reason(request: PlanRequest, large: list[OptionPlan]) -> str:
+    """Every option that meets the SLOs needs more than :data:`MAX_REPLICAS` replicas: the largest target that
+    fits, rounded down to two significant digits so that it fits for sure."""
+    best = max(large, key=lambda o: o.result.capacity.load if o.result.capacity else 0.0)
+    assert best.result.capacity is not None
+    most = MAX_REPLICAS * best.result.capacity.load
+    flag = "--qps" if request.mode == "qps" else "--concurrency"
+    if request.mode == "qps":
+        scale = 10.0 ** (math.floor(math.log10(most)) - 1)
+        fits = f"{math.floor(most / scale) * scale:g}"
+    else:
+        fits = f"{int(most)}"
+    return (f"the target of {request.target:g} {_load_unit(request)} needs {best.replicas:,} replicas even of "
+            f"{best.label}, more than the {MAX_REPLICAS:,} servesim plans for; lower {flag} to at most {fits}")
 
 
 def _slo_suggestion(request: PlanRequest, unmet: list[OptionPlan]) -> str:
@@ -485,7 +513,7 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
         "unloaded_ms": ({slo.name: v for slo, v in zip(slos, result.unloaded_ms)}
                         if result.unloaded_ms is not None else None),
         "simulations": len(result.probes) + (result.unloaded_ms is not None),
-        "note": result.note or None,
+        "note": option.note or result.note or None,
         "launch_command": task.deployment.launch_command(),
         "probes": [probe_payload(p, slos) for p in result.probes],
     }

@@ -282,3 +282,17 @@ def test_target_needing_more_replicas_than_the_bound_is_not_a_plan():
     assert f"{MAX_REPLICAS:,}" in option["note"]
     assert payload["infeasible"] == line.removeprefix("error: ")
     assert fits / option["capacity_qps"] <= MAX_REPLICAS  # the suggested target plans within the bound
+
+
+# A hub id without network ----------------------------------------------------------------------------------------
+
+def test_hub_id_without_network_fails_fast_with_a_local_path_to_use(monkeypatch):
+    import time
+
+    import servesim.models.registry as registry
+
+    monkeypatch.setattr(registry, "_hub_reachable", lambda *args: False)
+    start = time.monotonic()
+    refused(run("plan", "--model", "some-org/some-model", "--gpus", "H100", "--quick"),
+            "hub id 'some-org/some-model'", "cannot be reached", "pass a local path to its config.json")
+    assert time.monotonic() - start < 15  # no retries against an unreachable hub

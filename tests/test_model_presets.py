@@ -143,3 +143,22 @@ def test_config_path_that_is_missing_or_not_an_object_is_named(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(ServesimError, match="holds a JSON list, not a model config"):
         get_model(str(tmp_path / "list.json"))
+
+
+def test_hub_reachability_check_is_quick_and_honours_offline_settings(monkeypatch):
+    import socket
+    import time
+
+    from servesim.models import registry
+
+    with socket.socket() as closed:  # a local port nothing listens on: refused at once, whatever the network
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    assert registry._hub_reachable(timeout_s=2.0) is False
+    assert time.monotonic() - start < 3
+    assert registry._hub_host() == "127.0.0.1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert registry._hub_reachable() is False

@@ -48,6 +48,43 @@ def load_preset(name: str) -> ModelConfig:
     return config_from_hf_dict(record["config"], name=name, source=record["hf_id"])
 
 
+#: Seconds to wait for a connection to the hub before treating it as unreachable.
+HUB_TIMEOUT_S = 2.0
+
+
+def _hub_host() -> str:
+    """The host hub ids are fetched from (``HF_ENDPOINT`` when set)."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+
+
+def _hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the hub opens within ``timeout_s`` (name lookup included). Without it, loading
+    a hub id would retry for half a minute before failing; with ``HF_HUB_OFFLINE`` set, only the cache is read."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    opened: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            opened.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=connect, daemon=True)  # a name lookup ignores the socket timeout
+    thread.start()
+    thread.join(timeout_s)
+    return bool(opened)
+
+
 def _load_with_autoconfig(ref: str) -> ModelConfig:
     """Load a local directory / config.json or a hub id through ``transformers.AutoConfig``."""
     path = Path(ref)
@@ -69,9 +106,16 @@ def _load_with_autoconfig(ref: str) -> ModelConfig:
         from transformers import AutoConfig
     except ImportError:  # pragma: no cover - transformers is a runtime dependency
         raise ServesimError("loading a config by hub id needs transformers: pip install transformers") from None
+    offline = not path.is_dir() and not _hub_reachable()
     try:
-        hf_config = AutoConfig.from_pretrained(ref)
+        hf_config = AutoConfig.from_pretrained(ref, local_files_only=offline)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        if offline:
+            raise ServesimError(
+                f"cannot load model config for hub id {ref!r}: {_hub_host()} cannot be reached and the config is "
+                f"not in the local Hugging Face cache; pass a local path to its config.json, or use a preset "
+                f"('servesim models')"
+            ) from None
         where = "directory" if path.is_dir() else "hub id"
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ServesimError(

@@ -251,3 +251,21 @@ def test_every_command_has_help():
     for command in main.commands:
         result = run(command, "--help")
         assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_a_short_run_warns_that_the_capacity_may_be_understated_and_names_an_n_that_works():
+    import json
+
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+
+    args = ["plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "1", "--pp", "1", "--workload", "fixed:512:64"]
+    short = CliRunner().invoke(main, [*args, "-n", "100"])
+    assert short.exit_code == 0, short.output
+    (warning,) = [line for line in short.output.splitlines() if "may be understated" in line]
+    assert warning.startswith("H100-SXM TP1: 100 requests (a run of ") and warning.endswith("use -n 1000 or more")
+    (option,) = json.loads(CliRunner().invoke(main, [*args, "-n", "100", "--json"]).output)["options"]
+    assert option["sample_warning"] == warning.removeprefix("H100-SXM TP1: ")
+    enough = json.loads(CliRunner().invoke(main, [*args, "-n", "1000", "--json"]).output)["options"]
+    assert enough[0]["sample_warning"] is None  # the suggestion works

@@ -368,6 +368,7 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
         notes.append(f"Launch: {payload['recommendation']['launch_command']}")
     notes += [f"{o['gpu']} {o['layout']} ({o['status']}): {o['note']}" for o in payload["options"]
               if o["note"]]
+    notes += [f"{o['gpu']} {o['layout']}: {o['sample_warning']}" for o in payload["options"] if o["sample_warning"]]
     if request.gpu_budget is not None:
         notes += [f"{o['gpu']} {o['layout']}: needs {o['total_gpus']} GPUs, over the budget of {request.gpu_budget}"
                   for o in payload["options"] if o["status"] == "over_budget"]

@@ -38,6 +38,11 @@ from servesim.workloads.request import Workload
 #: meaning or goes away.
 SCHEMA_VERSION = 1
 
+#: Fewest requests an open-loop search should simulate (the default -n). The sustained test compares completions
+#: with arrivals over the second half of the run; with m requests there it varies by about sqrt(2 / m), and telling
+#: SUSTAIN_FRACTION (0.8) from 1 needs that to be a third of the gap or less: m >= 450, so about 1,000 in all.
+SAMPLE_REQUESTS = 1000
+
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -193,7 +198,7 @@ def unsupported_payload(gpu: GpuSpec, par: Parallelism, reason: str) -> dict:
         "binding": None, "replicas": None, "total_gpus": None, "usd_per_gpu_hour": gpu.price_usd_per_gpu_hour,
         "price_date": gpu.price_date, "usd_per_hour": None, "usd_per_million_output_tokens": None,
         "output_tokens_per_s_per_gpu": None, "weights_gib_per_gpu": None, "kv_tokens": None, "unloaded_ms": None,
-        "simulations": 0, "note": reason, "launch_command": None, "probes": [],
+        "simulations": 0, "note": reason, "sample_warning": None, "launch_command": None, "probes": [],
     }
 
 
@@ -468,6 +473,20 @@ def _known(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def sample_warning(option: OptionPlan, request: PlanRequest) -> str | None:
+    """Why the option's capacity may be understated because the open-loop run has fewer than
+    :data:`SAMPLE_REQUESTS` requests, with a ``-n`` that avoids it; None when the run is long enough, closed loop,
+    or without a capacity. (A run shorter than a few request latencies is no sign on its own: at a capacity bound
+    by throughput the latency grows with the run, and 1,000 requests of fixed:512:64 measure the capacity of 5,000
+    though they last under three latencies.)"""
+    capacity, workload = option.result.capacity, request.workload
+    if request.mode != "qps" or capacity is None or workload is None or len(workload) >= SAMPLE_REQUESTS:
+        return None
+    duration_s = len(workload) / capacity.load
+    return (f"{len(workload):,} requests (a run of {duration_s:,.3g} s at capacity) are too few to tell a sustained "
+            f"load from noise, so the capacity may be understated; use -n {SAMPLE_REQUESTS} or more")
+
+
 def probe_payload(probe: Probe, slos: tuple[Slo, ...]) -> dict:
     return {
         "load": probe.load,
@@ -514,6 +533,7 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
                         if result.unloaded_ms is not None else None),
         "simulations": len(result.probes) + (result.unloaded_ms is not None),
         "note": option.note or result.note or None,
+        "sample_warning": sample_warning(option, request),
         "launch_command": task.deployment.launch_command(),
         "probes": [probe_payload(p, slos) for p in result.probes],
     }

@@ -24,7 +24,8 @@ PLAN_KEYS = ["schema_version", "model", "dtype", "kv_cache_dtype", "engine", "en
 OPTION_KEYS = ["rank", "gpu", "layout", "tp", "pp", "gpus_per_replica", "status", "capacity_qps",
                "capacity_concurrency", "slo_values_ms", "binding", "replicas", "total_gpus", "usd_per_gpu_hour",
                "price_date", "usd_per_hour", "usd_per_million_output_tokens", "output_tokens_per_s_per_gpu",
-               "weights_gib_per_gpu", "kv_tokens", "unloaded_ms", "simulations", "note", "launch_command", "probes"]
+               "weights_gib_per_gpu", "kv_tokens", "unloaded_ms", "simulations", "note", "sample_warning",
+               "launch_command", "probes"]
 PROBE_KEYS = ["load", "meets_slos", "stopped_by", "sustained", "request_rate_per_s", "completion_ratio",
               "output_tokens_per_s", "slo_values_ms", "latency_ms", "peak_kv_occupancy", "preemptions"]
 

@@ -146,6 +146,8 @@ def test_config_path_that_is_missing_or_not_an_object_is_named(tmp_path):
 
 
 def test_hub_reachability_check_is_quick_and_honours_offline_settings(monkeypatch):
+    from servesim.errors import ServesimError
+
     import socket
     import time
 
@@ -160,5 +162,8 @@ def test_hub_reachability_check_is_quick_and_honours_offline_settings(monkeypatc
     assert registry._hub_reachable(timeout_s=2.0) is False
     assert time.monotonic() - start < 3
     assert registry._hub_host() == "127.0.0.1"
+    assert registry._offline_reason() == "127.0.0.1 cannot be reached"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert registry._hub_reachable() is False
+    assert registry._offline_reason() == "HF_HUB_OFFLINE is set"
+    with pytest.raises(ServesimError, match="HF_HUB_OFFLINE is set and the config is not in the local"):
+        get_model("nonexistent-org/nonexistent-model")

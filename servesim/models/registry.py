@@ -59,15 +59,21 @@ def _hub_host() -> str:
     return urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
 
 
+def _offline_reason() -> str | None:
+    """Why a hub id can only come from the local cache (``HF_HUB_OFFLINE`` set, or the hub unreachable), or None
+    when the hub answers."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    return None if _hub_reachable() else f"{_hub_host()} cannot be reached"
+
+
 def _hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the hub opens within ``timeout_s`` (name lookup included). Without it, loading
-    a hub id would retry for half a minute before failing; with ``HF_HUB_OFFLINE`` set, only the cache is read."""
+    a hub id would retry for half a minute before failing."""
     import socket
     import threading
     from urllib.parse import urlsplit
 
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
     url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     opened: list[bool] = []
@@ -106,15 +112,14 @@ def _load_with_autoconfig(ref: str) -> ModelConfig:
         from transformers import AutoConfig
     except ImportError:  # pragma: no cover - transformers is a runtime dependency
         raise ServesimError("loading a config by hub id needs transformers: pip install transformers") from None
-    offline = not path.is_dir() and not _hub_reachable()
+    offline = None if path.is_dir() else _offline_reason()
     try:
-        hf_config = AutoConfig.from_pretrained(ref, local_files_only=offline)
+        hf_config = AutoConfig.from_pretrained(ref, local_files_only=offline is not None)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
-        if offline:
+        if offline is not None:
             raise ServesimError(
-                f"cannot load model config for hub id {ref!r}: {_hub_host()} cannot be reached and the config is "
-                f"not in the local Hugging Face cache; pass a local path to its config.json, or use a preset "
-                f"('servesim models')"
+                f"cannot load model config from hub id {ref!r}: {offline} and the config is not in the local "
+                f"Hugging Face cache; pass a local path to its config.json, or use a preset ('servesim models')"
             ) from None
         where = "directory" if path.is_dir() else "hub id"
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

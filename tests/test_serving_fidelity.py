@@ -177,3 +177,20 @@ def test_the_api_server_spreads_a_burst_of_requests_over_time():
     assert (np.sort(spread.first_scheduled_s) >= turn_s * np.arange(1, 5) - 1e-12).all()
     at_once = simulate(dep, load, step_model=StepTimeModel(dep))
     assert (at_once.first_scheduled_s == 0).all()
+
+
+def test_async_scheduling_hides_host_time_but_not_device_time():
+    # Under async scheduling a step lasts max(host, GPU): host time shorter than the GPU's is hidden, GPU time the
+    # kernels leave out (device_step_us) is not.
+    load = build_workload("fixed:128:128", 8, concurrency=8)
+    dep = deployment(async_scheduling=True)
+    base = dep.release.overhead
+    gpu_ms = simulate(dep, load, step_model=StepTimeModel(dep, overhead=dataclasses.replace(
+        base, step_us=0.0, per_seq_us=0.0))).summary()["tpot_mean_ms"]
+
+    def tpot_ms(**terms):
+        costs = dataclasses.replace(base, **{"step_us": 0.0, "per_seq_us": 0.0, **terms})
+        return simulate(dep, load, step_model=StepTimeModel(dep, overhead=costs)).summary()["tpot_mean_ms"]
+
+    assert tpot_ms(step_us=gpu_ms * 500) == pytest.approx(gpu_ms, rel=1e-9)  # host at half the GPU's step
+    assert tpot_ms(device_step_us=1000.0) == pytest.approx(gpu_ms + 1.0, rel=1e-6)

@@ -51,7 +51,7 @@ def main() -> None:
           f"{TRAIN_RULE}; {time.perf_counter() - start:.0f} s")
     for engine, overhead in result.overheads.items():
         print(f"{engine}: step_us={overhead.step_us:.1f} per_seq_us={overhead.per_seq_us:.3f} "
-              f"request_us={overhead.request_us:.1f} per_prompt_token_us={overhead.per_prompt_token_us:.4f}")
+              f"device_step_us={overhead.device_step_us:.1f} device_per_seq_us={overhead.device_per_seq_us:.3f}")
     for keys in (["engine", "split"], [*GROUP_KEYS, "split"]):
         print(pd.DataFrame(grouped_errors(result.frame, keys)).round(1).to_string(index=False))
     print(pd.DataFrame(bias_by_concurrency(result.frame, ["split"])).round(1).to_string(index=False))

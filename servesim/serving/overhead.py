@@ -9,6 +9,10 @@ cost with four terms:
 - ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph, a floor under every eager kernel
   (the GPU cannot finish kernels faster than the CPU issues them);
 - ``graph_launch_us``: replaying one captured CUDA graph;
+- ``device_step_us`` and ``device_per_seq_us``: GPU time of a step that the kernel model leaves out (gaps
+  between kernels, synchronisation, the sampler's bookkeeping), spread over the pipeline stages by their layers.
+  It is on the GPU's critical path, so async scheduling, which hides host time behind the previous step, does not
+  hide it;
 - ``request_us`` and ``per_prompt_token_us``: the API server's work on a request before the engine sees it
   (HTTP handling, tokenisation, the hand-off to the engine process), done one request at a time, so a burst of
   requests reaches the engine spread out, as real clients' requests do.
@@ -36,18 +40,24 @@ class HostOverhead:
     per_seq_us: float
     eager_launch_us: float
     graph_launch_us: float
+    device_step_us: float = 0.0
+    device_per_seq_us: float = 0.0
     request_us: float = 0.0
     per_prompt_token_us: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us", "request_us",
-                     "per_prompt_token_us"):
+        for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us", "device_step_us",
+                     "device_per_seq_us", "request_us", "per_prompt_token_us"):
             if getattr(self, name) < 0:
                 raise ServesimError(f"host overhead {name} must be non-negative, not {getattr(self, name)}")
 
     def front_end_us(self, prompt_tokens: int) -> float:
         """The API server's time on one request of ``prompt_tokens`` tokens before the engine sees it."""
         return self.request_us + self.per_prompt_token_us * prompt_tokens
+
+    def device_overhead_us(self, num_seqs: int) -> float:
+        """GPU time of a step of ``num_seqs`` requests that its kernels do not account for."""
+        return self.device_step_us + self.device_per_seq_us * num_seqs
 
     def step_overhead_us(self, num_seqs: int, graph_launches: int) -> float:
         """Host time of one step with ``num_seqs`` requests that replays ``graph_launches`` CUDA graphs."""

@@ -240,9 +240,12 @@ class StepTimeModel:
     def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: int,
                 num_requests: int, graph_mode: str) -> StepTime:
         """A step's time from its parts: each stage's time outside attention, one layer's attention time and
-        kernel count, the requests (host overhead) and the graph mode (graph launches: one per stage for a full
-        graph; for a piecewise one, one per attention call plus one per stage)."""
-        stage_us = tuple(rest + layers * attention_us for rest, layers in zip(rest_stage_us, self._stage_layers))
+        kernel count, the requests (host overhead, and the device time the kernels leave out, spread over the
+        stages by their layers) and the graph mode (graph launches: one per stage for a full graph; for a piecewise
+        one, one per attention call plus one per stage)."""
+        device_us = self.overhead.device_overhead_us(num_requests) / self.model.num_layers
+        stage_us = tuple(rest + layers * (attention_us + device_us)
+                         for rest, layers in zip(rest_stage_us, self._stage_layers))
         launches = {"none": 0, "full": self.par.pp,
                     "piecewise": attention_kernels * sum(self._stage_layers) + self.par.pp}[graph_mode]
         return StepTime(stage_us, self.overhead.step_overhead_us(num_requests, launches))

@@ -12,9 +12,9 @@ over the training rows of one engine (:func:`fit_overhead`).
 Under async scheduling a step lasts the longer of its host and GPU work, and which step an arrival joins depends on
 when the host began scheduling, so neither holds. For an engine with such rows the least-squares answer is only
 the starting point: :func:`fit_by_replay` minimises the TTFT plus TPOT MAPE by replaying the training rows under
-candidate constants, the API server's per-request terms (``request_us``, ``per_prompt_token_us``) among them
-(Nelder–Mead; the candidates share every kernel time, so a replay costs only the simulation), and the predictions
-under the fitted constants come from one more replay. The launch terms stay at their priors: end-to-end means
+candidate constants, the device-side terms (``device_step_us``, ``device_per_seq_us``: step time the kernel model
+misses, which async scheduling cannot hide) among them (Nelder–Mead; the candidates share every kernel time, so a
+replay costs only the simulation), and the predictions under the fitted constants come from one more replay. The launch terms stay at their priors: end-to-end means
 cannot tell them from the step cost.
 """
 
@@ -182,7 +182,7 @@ def replay_errors(cases: Sequence[ServingCase], models: StepModels) -> pd.DataFr
 
 
 #: The constants :func:`fit_by_replay` fits, and the first simplex's step in each.
-REPLAY_FIT_TERMS = (("step_us", 50.0), ("per_seq_us", 5.0), ("request_us", 1000.0), ("per_prompt_token_us", 0.5))
+REPLAY_FIT_TERMS = (("step_us", 100.0), ("per_seq_us", 10.0), ("device_step_us", 100.0), ("device_per_seq_us", 10.0))
 
 
 def fit_by_replay(cases: Sequence[ServingCase], engine: str, base: StepModels, start: HostOverhead,
@@ -213,7 +213,7 @@ def calibrate_cases(cases: Sequence[ServingCase], estimator: str, is_train: Call
                                                                                                    list[Skipped]]:
     """Fit each engine's constants on its training cases and predict every case with them: exactly by the linear
     sensitivities where every training case of the engine schedules synchronously, else by :func:`fit_by_replay`
-    from the linear fit (adding the API server's terms), with predictions from a replay under the fitted
+    from the linear fit (adding the device-side terms), with predictions from a replay under the fitted
     constants."""
     base = zero_step_models(cases, estimator)
     frame, skipped = calibration_frame(cases, estimator, on_case, base)

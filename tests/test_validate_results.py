@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from servesim.cli import main
 from servesim.errors import ServesimError
-from servesim.validate.results import Deployment, read_result_file, result_cases, run_case
+from servesim.validate.replay import replay
+from servesim.validate.results import Deployment, ServerFlags, read_result_file, result_cases, run_case
 from servesim.workloads.arrivals import Burst, Gamma, Replay
 
 DATA = Path(__file__).parent / "data" / "validate"
@@ -109,3 +110,33 @@ def test_cli_replays_a_vllm_result_end_to_end() -> None:
     (row,) = json.loads(result.output)["rows"]
     assert row["measured_ttft_ms"] == 61.2 and row["requests"] == 64
     assert row["predicted_tpot_ms"] > 0 and row["tpot_error"] == pytest.approx(row["predicted_tpot_ms"] / 8.47 - 1)
+
+
+def test_a_prompt_cycle_repeats_prompts_and_the_cache_serves_the_repeats() -> None:
+    (run,) = read_result_file(DATA / "vllm_bench_serve.json")  # 64 requests of 512 prompt tokens, 16 clients
+    flags = ServerFlags(max_num_seqs=8, max_num_batched_tokens=2048, prompt_cycle=4)
+    case = run_case(run, Deployment(engine="vllm==0.12.0"), flags=flags)
+    assert (case.engine, case.engine_version, case.max_num_seqs, case.max_num_batched_tokens) == (
+        "vllm", "0.12.0", 8, 2048)
+    assert list(case.workload.prefixes.segment_ids[:6]) == [0, 1, 2, 3, 0, 1]
+    (cycled,), _ = replay([case], "roofline")
+    (distinct,), _ = replay([run_case(run, Deployment(engine="vllm==0.12.0"),
+                                      flags=ServerFlags(max_num_seqs=8, max_num_batched_tokens=2048))], "roofline")
+    assert cycled["predicted_ttft_ms"] < distinct["predicted_ttft_ms"]
+
+
+def test_a_prompt_cycle_the_lengths_contradict_is_refused() -> None:
+    (run,) = read_result_file(DATA / "vllm_bench_serve_detailed.json")  # prompts 512, 256, 512, 256, 512
+    with pytest.raises(ServesimError, match="request 1 has 256 prompt tokens but request 0"):
+        run_case(run, Deployment(gpu="H100-SXM", engine="vllm"), flags=ServerFlags(prompt_cycle=1))
+    assert run_case(run, Deployment(gpu="H100-SXM", engine="vllm"), flags=ServerFlags(prompt_cycle=2)).workload
+
+
+def test_cli_takes_the_release_and_server_flags() -> None:
+    result = CliRunner().invoke(main, ["validate", "results", str(DATA / "vllm_bench_serve.json"), "--engine",
+                                       "vllm==0.15.1", "--max-num-seqs", "8", "--prompt-cycle", "4",
+                                       "--estimator", "roofline", "--json"])
+    assert result.exit_code == 0, result.output
+    bad = CliRunner().invoke(main, ["validate", "results", str(DATA / "vllm_bench_serve.json"), "--engine",
+                                    "vllm==0.1"])
+    assert bad.exit_code == 2 and "vllm 0.1 is not modelled" in bad.output

@@ -104,16 +104,22 @@ __all__ = ["DIMENSION", "POSITIVE_FINITE", "REPLICA_COUNT", "REQUEST_COUNT", "SE
            "PositiveFinite"]
 
 
+def engine_spec(ctx, param, spec: str | None) -> str | None:
+    """Click callback: an engine of the registry or one of its releases (``vllm==0.12.0``), refused with servesim's
+    one-line error before any work; None passes (an option left to its default)."""
+    from servesim.serving.engines import parse_engine
+
+    if spec is None:
+        return None
+    parse_engine(spec)
+    return spec.strip().lower()
+
+
 def engine_option(func):
-    """Add ``--engine``: an engine of the registry (its newest modelled release) or one of its releases
-    (``vllm==0.12.0``), refused with servesim's one-line error before any work."""
-    from servesim.serving.engines import ENGINE_CHOICES, parse_engine
+    """Add ``--engine``: an engine of the registry (its newest modelled release) or one of its releases."""
+    from servesim.serving.engines import ENGINE_CHOICES
 
-    def check(ctx, param, spec: str) -> str:
-        parse_engine(spec)
-        return spec.strip().lower()
-
-    return click.option("--engine", default="vllm", show_default=True, callback=check, metavar="ENGINE[==RELEASE]",
+    return click.option("--engine", default="vllm", show_default=True, callback=engine_spec, metavar="ENGINE[==RELEASE]",
                         help=f"Serving engine and release whose kernels, defaults, memory rules and scheduler are "
                              f"modelled: {', '.join(ENGINE_CHOICES)} (an engine alone: its newest modelled "
                              f"release).")(func)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table, to_csv, to_json
-from servesim.cli.params import DIMENSION, OutputFile
+from servesim.cli.params import DIMENSION, OutputFile, engine_behaviour_options, engine_spec
 from servesim.errors import ServesimError
 
 _ERROR_COLUMNS = (
@@ -223,24 +223,37 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--model", default=None, help="Preset or Hugging Face id [default: the file's model id].")
 @click.option("--gpu", default=None, help="GPU from 'servesim gpus' [default: the file's metadata].")
-@click.option("--engine", type=click.Choice(("vllm", "sglang")), default=None,
-              help="Engine that served the runs [default: the file's metadata].")
+@click.option("--engine", default=None, callback=engine_spec, metavar="ENGINE[==RELEASE]",
+              help="Engine (and release, vllm==0.15.1) that served the runs [default: the file's metadata; an "
+                   "engine alone: its newest modelled release].")
 @click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel size [default: 1].")
 @click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: 1].")
 @click.option("--dtype", default=None, help="Weights: bf16, fp8 or fp8-block [default: bf16].")
+@click.option("--max-num-seqs", type=DIMENSION, default=None,
+              help="The server's --max-num-seqs / --max-running-requests [default: the engine's].")
+@click.option("--max-num-batched-tokens", type=DIMENSION, default=None,
+              help="The server's --max-num-batched-tokens / --chunked-prefill-size [default: the engine's].")
+@click.option("--prompt-cycle", type=DIMENSION, default=None, metavar="N",
+              help="The benchmark sent N distinct prompts in turn (request i repeats request i - N), so the "
+                   "server's prefix cache served the repeats [default: every prompt distinct].")
+@engine_behaviour_options
 @estimator_option
 @output_format_options
-def results_command(files, model, gpu, engine, tp, pp, dtype, estimator, output_format) -> None:
+def results_command(files, model, gpu, engine, tp, pp, dtype, max_num_seqs, max_num_batched_tokens, prompt_cycle,
+                    prefix_caching, async_scheduling, estimator, output_format) -> None:
     """Replay your own 'vllm bench serve --save-result' JSON files or GuideLLM JSON reports and compare.
 
     \b
     servesim validate results bench.json --gpu H100-SXM --engine vllm --tp 2
+    servesim validate results bench.json --gpu L40S --engine vllm==0.15.1 --max-num-seqs 128 \\
+        --max-num-batched-tokens 2048 --prompt-cycle 100
     servesim validate results guidellm.json --model llama3.1-8b --gpu H200 --engine sglang
     """
     from servesim.validate.replay import replay
-    from servesim.validate.results import Deployment, result_cases
+    from servesim.validate.results import Deployment, ServerFlags, result_cases
 
-    cases = result_cases(files, Deployment(model, gpu, engine, tp, pp, dtype))
+    flags = ServerFlags(max_num_seqs, max_num_batched_tokens, prefix_caching, async_scheduling, prompt_cycle)
+    cases = result_cases(files, Deployment(model, gpu, engine, tp, pp, dtype), flags=flags)
     tick, close = _progress(len(cases), "replaying")
     rows, skipped = replay(cases, estimator, on_case=tick)
     close()

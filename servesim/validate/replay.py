@@ -65,6 +65,7 @@ class ServingCase:
     extra: Mapping[str, object] = field(default_factory=dict)  # source-specific columns carried to the output
     kv_cache_dtype: str = "auto"  # the server's --kv-cache-dtype
     max_num_seqs: int | None = None  # the server's --max-num-seqs / --max-running-requests (None: the default)
+    max_num_batched_tokens: int | None = None  # the server's token budget per step (None: the default)
     async_scheduling: bool | None = None  # the server's async scheduling (None: the release's default)
     prefix_caching: bool | None = None  # the server's prefix cache (None: the release's default)
 
@@ -129,6 +130,7 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
 
     return build_deployment(model, gpu, Parallelism(case.tp, case.pp), case_release(case), case.dtype, estimator,
                             kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
+                            max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from servesim.errors import ServesimError
 from servesim.validate.replay import ServingCase, preset_for
 from servesim.workloads.arrivals import ArrivalProcess, Burst, Gamma, Poisson, Replay
+from servesim.workloads.prefix import UNIQUE, PromptSegments
 from servesim.workloads.request import Workload
 
 
@@ -208,6 +209,33 @@ def read_result_file(path: Path) -> list[MeasuredRun]:
                         f"benchmarks)")
 
 
+@dataclass(frozen=True)
+class ServerFlags:
+    """What the server and the benchmark ran with that a result file does not record (``None``: the defaults):
+    the engine settings, and ``prompt_cycle``, the number of distinct prompts a benchmark sent in turn."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    prompt_cycle: int | None = None
+
+
+def cycled_prompts(run: MeasuredRun, cycle: int) -> PromptSegments:
+    """Prompt identity of a run whose benchmark sent ``cycle`` distinct prompts in turn: request ``i`` repeats
+    request ``i - cycle``, which the recorded lengths must agree with."""
+    prompts = run.prompt_tokens
+    n = len(prompts)
+    ids = np.arange(n) % cycle
+    mismatch = np.flatnonzero(prompts != prompts[ids])
+    if len(mismatch):
+        i = int(mismatch[0])
+        raise ServesimError(f"{run.run_id}: request {i} has {prompts[i]} prompt tokens but request {i % cycle}, "
+                            f"which --prompt-cycle {cycle} says it repeats, has {prompts[i % cycle]}; give the "
+                            f"number of distinct prompts the benchmark cycled through, or leave --prompt-cycle out")
+    return PromptSegments(np.arange(n + 1), ids, prompts, np.full(n, UNIQUE))
+
+
 def _required(deployment: Deployment, run: MeasuredRun, field: str, option: str) -> Any:
     value = getattr(deployment, field)
     if value is None:
@@ -215,8 +243,8 @@ def _required(deployment: Deployment, run: MeasuredRun, field: str, option: str)
     return value
 
 
-def run_case(run: MeasuredRun, given: Deployment, seed: int = 0) -> ServingCase:
-    """The simulation setup of ``run``: the deployment from ``given``, else the file."""
+def run_case(run: MeasuredRun, given: Deployment, seed: int = 0, flags: ServerFlags = ServerFlags()) -> ServingCase:
+    """The simulation setup of ``run``: the deployment from ``given``, else the file, with ``flags``."""
     deployment = given.filled_from(run.deployment)
     model_id = _required(deployment, run, "model", "--model")
     preset = preset_for(model_id)
@@ -229,17 +257,22 @@ def run_case(run: MeasuredRun, given: Deployment, seed: int = 0) -> ServingCase:
         name=run.run_id, prompt_tokens=run.prompt_tokens, output_tokens=run.output_tokens,
         arrival_s=run.arrivals.arrival_times_s(rng, len(run.prompt_tokens)),
         arrival_mode="closed" if closed else "open", concurrency=run.concurrency, seed=seed,
+        prefixes=cycled_prompts(run, flags.prompt_cycle) if flags.prompt_cycle else None,
     )
+    gpu = _required(deployment, run, "gpu", "--gpu")
+    engine, _, version = str(_required(deployment, run, "engine", "--engine")).partition("==")
     return ServingCase(
-        case_id=run.run_id, model_id=model_id, preset=preset, gpu=_required(deployment, run, "gpu", "--gpu"),
-        engine=_required(deployment, run, "engine", "--engine"), engine_version="",
+        case_id=run.run_id, model_id=model_id, preset=preset, gpu=gpu, engine=engine, engine_version=version,
         dtype=deployment.dtype or "bf16", tp=deployment.tp or 1, pp=deployment.pp or 1,
         isl=float(run.prompt_tokens.mean()), osl=float(run.output_tokens.mean()), concurrency=run.concurrency,
         workload=workload, measured_ttft_ms=run.measured_ttft_ms, measured_tpot_ms=run.measured_tpot_ms,
-        source=run.file_format,
+        source=run.file_format, max_num_seqs=flags.max_num_seqs,
+        max_num_batched_tokens=flags.max_num_batched_tokens, async_scheduling=flags.async_scheduling,
+        prefix_caching=flags.prefix_caching,
     )
 
 
-def result_cases(paths: Sequence[Path], given: Deployment, seed: int = 0) -> list[ServingCase]:
+def result_cases(paths: Sequence[Path], given: Deployment, seed: int = 0,
+                 flags: ServerFlags = ServerFlags()) -> list[ServingCase]:
     """Every run of every file as a case."""
-    return [run_case(run, given, seed) for path in paths for run in read_result_file(Path(path))]
+    return [run_case(run, given, seed, flags) for path in paths for run in read_result_file(Path(path))]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from servesim.errors import ServesimError, suggest
 from servesim.hardware.spec import GpuSpec
@@ -92,7 +93,23 @@ class Engine:
                             f"--engine {self.default_release.label} or another of them")
 
     def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
-        """The settings the engine's server picks for ``gpu`` and ``par`` (docs/engines.md)."""
+        """The settings the engine's server picks for ``gpu`` and ``par`` (docs/engines.md): its memory fraction
+        and batch limits (:meth:`batch_defaults`), the attention backend's page, and the release's scheduling
+        defaults (async scheduling only with one pipeline stage, as both engines have it)."""
+        memory_fraction, token_budget, max_seqs = self.batch_defaults(gpu, par)
+        return EngineSettings(
+            engine=self.name,
+            version=release.version,
+            memory_fraction=memory_fraction,
+            max_num_batched_tokens=token_budget,
+            max_num_seqs=max_seqs,
+            block_size=self.kernels.page_size(self.kernels.attention_backend(gpu.architecture)),
+            enable_prefix_caching=release.prefix_caching,
+            async_scheduling=release.async_scheduling and par.pp == 1,
+        )
+
+    def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
+        """(memory fraction, token budget per step, running requests) the server picks."""
         raise NotImplementedError
 
     def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
@@ -102,25 +119,37 @@ class Engine:
     def make_scheduler(self, settings: EngineSettings, kv_tokens: int) -> Scheduler:
         return self.scheduler_class(settings, kv_tokens)
 
+    #: The server's flag for each setting (memory fraction, token budget, running requests, KV page) and the flags
+    #: that turn off its prefix cache and its async scheduling.
+    flag_names: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")
+    no_prefix_cache_flag: ClassVar[str] = ""
+    no_async_flag: ClassVar[str] = ""
+    async_flag: ClassVar[str] = ""
+
     def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
         """The server flags whose values the prediction assumed."""
-        raise NotImplementedError
+        values = (settings.memory_fraction, settings.max_num_batched_tokens, settings.max_num_seqs,
+                  settings.block_size)
+        flags = [f"{name} {value}" for name, value in zip(self.flag_names, values)]
+        if settings.kv_cache_dtype != "auto":
+            flags.append(f"--kv-cache-dtype {settings.kv_cache_dtype}")
+        if not settings.enable_prefix_caching:
+            flags.append(self.no_prefix_cache_flag)
+        if settings.async_scheduling != release.async_scheduling:
+            flags.append(self.async_flag if settings.async_scheduling else self.no_async_flag)
+        return flags
 
 
 class Vllm(Engine):
-    def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
+    flag_names = ("--gpu-memory-utilization", "--max-num-batched-tokens", "--max-num-seqs", "--block-size")
+    no_prefix_cache_flag = "--no-enable-prefix-caching"
+    no_async_flag = "--no-async-scheduling"
+    async_flag = "--async-scheduling"
+
+    def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
         # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.
         big = gpu.memory_gib >= 70 and not gpu.name.upper().startswith("A100")
-        return EngineSettings(
-            engine=self.name,
-            version=release.version,
-            memory_fraction=0.9,
-            max_num_batched_tokens=8192 if big else 2048,
-            max_num_seqs=1024 if big else 256,
-            block_size=self.kernels.page_size(self.kernels.attention_backend(gpu.architecture)),
-            enable_prefix_caching=release.prefix_caching,
-            async_scheduling=release.async_scheduling and par.pp == 1,
-        )
+        return 0.9, 8192 if big else 2048, 1024 if big else 256
 
     def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
         """vLLM subtracts its profiled peak activations and non-torch memory; its CUDA graphs are captured after the
@@ -128,49 +157,22 @@ class Vllm(Engine):
         runtime = VLLM_NON_TORCH_BYTES + (VLLM_TP_COMM_BYTES if par.tp > 1 else 0.0)
         return MemoryReserve(activation_reserve_bytes(model, par, settings), 0.0, runtime)
 
-    def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
-        flags = [f"--gpu-memory-utilization {settings.memory_fraction}",
-                 f"--max-num-batched-tokens {settings.max_num_batched_tokens}",
-                 f"--max-num-seqs {settings.max_num_seqs}", f"--block-size {settings.block_size}"]
-        if settings.kv_cache_dtype != "auto":
-            flags.append(f"--kv-cache-dtype {settings.kv_cache_dtype}")
-        if not settings.enable_prefix_caching:
-            flags.append("--no-enable-prefix-caching")
-        if settings.async_scheduling != release.async_scheduling:
-            flags.append("--async-scheduling" if settings.async_scheduling else "--no-async-scheduling")
-        return flags
-
 
 class Sglang(Engine):
-    def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
+    flag_names = ("--mem-fraction-static", "--chunked-prefill-size", "--max-running-requests", "--page-size")
+    no_prefix_cache_flag = "--disable-radix-cache"
+    no_async_flag = "--disable-overlap-schedule"
+    async_flag = ""  # the overlap scheduler is on unless disabled
+
+    def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
         chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
-        return EngineSettings(
-            engine=self.name,
-            version=release.version,
-            memory_fraction=_sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par),
-            max_num_batched_tokens=chunk,
-            max_num_seqs=4096,  # upper clamp; the KV pool usually binds first (model_runner.py)
-            block_size=self.kernels.page_size(self.kernels.attention_backend(gpu.architecture)),
-            enable_prefix_caching=release.prefix_caching,
-            async_scheduling=release.async_scheduling and par.pp == 1,
-        )
+        # max_running_requests: an upper clamp; the KV pool usually binds first (model_runner.py)
+        return _sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par), chunk, 4096
 
     def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
         """SGLang sizes its pool from free memory after start-up, so only the memory already held then counts
         (scaled by the fraction, as the engine does); activations come out of ``mem_fraction_static``."""
         return MemoryReserve(0.0, 0.0, SGLANG_CONTEXT_BYTES * settings.memory_fraction)
-
-    def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
-        flags = [f"--mem-fraction-static {settings.memory_fraction}",
-                 f"--chunked-prefill-size {settings.max_num_batched_tokens}",
-                 f"--max-running-requests {settings.max_num_seqs}", f"--page-size {settings.block_size}"]
-        if settings.kv_cache_dtype != "auto":
-            flags.append(f"--kv-cache-dtype {settings.kv_cache_dtype}")
-        if not settings.enable_prefix_caching:
-            flags.append("--disable-radix-cache")
-        if not settings.async_scheduling and release.async_scheduling:
-            flags.append("--disable-overlap-schedule")
-        return flags
 
 
 def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: EngineSettings) -> float:

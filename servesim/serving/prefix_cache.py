@@ -27,12 +27,13 @@ from servesim.workloads.prefix import UNIQUE
 
 
 class CacheNode:
-    """One cached segment: ``tokens`` tokens with id ``segment_id`` at global positions ``[start, end)``."""
+    """One cached segment (its ``key``: segment id and tokens) at global token positions ``[start, end)``."""
 
-    __slots__ = ("parent", "children", "start", "end", "units", "refs", "last_used")
+    __slots__ = ("parent", "key", "children", "start", "end", "units", "refs", "last_used")
 
-    def __init__(self, parent: CacheNode | None, start: int, end: int, unit_tokens: int) -> None:
+    def __init__(self, parent: CacheNode | None, key: tuple[int, int], start: int, end: int, unit_tokens: int) -> None:
         self.parent = parent
+        self.key = key  # (segment id, tokens): its name among its parent's children
         self.children: dict[tuple[int, int], CacheNode] = {}
         self.start = start
         self.end = end
@@ -47,7 +48,7 @@ class PrefixCache:
     def __init__(self, unit_tokens: int, page_tokens: int) -> None:
         self.unit_tokens = unit_tokens  # the pool's unit of account
         self.page_tokens = page_tokens  # hits are whole pages (vLLM's blocks, SGLang's pages)
-        self.root = CacheNode(None, 0, 0, unit_tokens)
+        self.root = CacheNode(None, (UNIQUE, 0), 0, 0, unit_tokens)
         self.root.refs = 1  # never evicted
         self.cached_units = 0
         self.evictable_units = 0  # units of nodes nobody references
@@ -116,7 +117,7 @@ class PrefixCache:
             key = (int(segment_id), int(length))
             child = node.children.get(key)
             if child is None:
-                child = node.children[key] = CacheNode(node, node.end, node.end + key[1], self.unit_tokens)
+                child = node.children[key] = CacheNode(node, key, node.end, node.end + key[1], self.unit_tokens)
                 self.cached_units += child.units
                 new_units += child.units
             elif child.refs == 0:
@@ -136,7 +137,7 @@ class PrefixCache:
             if node.refs or node.children or node.last_used != last_used or node.parent is None:
                 continue  # referenced again, grown or already evicted since it was queued
             parent = node.parent
-            del parent.children[next(k for k, child in parent.children.items() if child is node)]
+            del parent.children[node.key]
             node.parent = None
             freed += node.units
             self.cached_units -= node.units

@@ -12,19 +12,27 @@ length a whole number of tokens or a uniform range ``LOW-HIGH``:
 - ``multi-turn:ACTIVE,TURNS:MESSAGE:OUTPUT``: conversations of TURNS turns, ACTIVE of them in progress at once;
   each turn's prompt is the previous turn's prompt, its answer, and a new message.
 
+Two more reproduce the synthetic datasets of ``vllm bench serve`` (``vllm/benchmarks/datasets.py``):
+
+- ``random:INPUT:OUTPUT[:RANGE_RATIO[:PREFIX_LEN]]``: ``--dataset-name random`` (:class:`RandomPrompts`);
+- ``prefix-repetition:PREFIX_LEN:SUFFIX_LEN:NUM_PREFIXES:OUTPUT_LEN``: ``--dataset-name prefix_repetition``, which
+  is :class:`SharedPrefix` with fixed lengths and one prompt per request (:class:`PrefixRepetition`).
+
 Both prompt-set generators send every prompt once per pass, each pass in a fresh seeded random order. Named presets
 (:data:`PRESETS`, e.g. ``chat-shared-prefix``) are generators with stated parameters, listed beside the profiles.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from servesim.errors import ServesimError
-from servesim.limits import MAX_REQUESTS
+from servesim.limits import MAX_REQUESTS, MAX_TOKENS
 from servesim.workloads.lengths import Fixed, LengthDistribution, LogNormal, Uniform
 from servesim.workloads.prefix import UNIQUE, PromptSegments
 
@@ -164,6 +172,96 @@ class Conversations:
         return np.column_stack([prefixes.prompt_tokens(), output]), prefixes
 
 
+@dataclass(frozen=True)
+class RandomPrompts:
+    """``vllm bench serve --dataset-name random``: lengths uniform around a mean, behind one shared random prefix.
+
+    Each request's sampled input and output lengths are uniform over the whole numbers
+    ``[floor(L * (1 - range_ratio)), ceil(L * (1 + range_ratio))]`` (the output at least 1), as the benchmark's
+    ``rng.integers(low, high + 1)`` draws them. With ``prefix_len`` P > 0 the benchmark generates ONE random prefix
+    of P tokens and puts it in front of every prompt (the range ratio does not apply to it): the prompt is P plus
+    the sampled length. Segments: the prefix (id 0, when P > 0), then the request's own tokens (UNIQUE; absent when
+    the sampled length is 0).
+    """
+
+    input_len: int = 1024
+    output_len: int = 128
+    range_ratio: float = 0.0
+    prefix_len: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.range_ratio < 1.0:  # NaN fails too
+            raise ServesimError(f"the random range ratio must be at least 0 and below 1 (e.g. 0.5), "
+                                f"not {self.range_ratio}")
+        _check_count("the random input length", self.input_len, high=MAX_TOKENS)
+        _check_count("the random output length", self.output_len, high=MAX_TOKENS)
+        _check_count("the random prefix length", self.prefix_len, low=0, high=MAX_TOKENS)
+        (low, high), _ = self.bounds()
+        if self.prefix_len + low < 1:
+            raise ServesimError(f"random:{self.input_len}:{self.output_len}:{self.range_ratio} can draw a prompt of "
+                                f"0 tokens; use a smaller range ratio (0 always works) or a prefix length of at "
+                                f"least 1")
+        if self.prefix_len + high > MAX_TOKENS:
+            raise ServesimError(f"random prompts reach {self.prefix_len + high:,} tokens, beyond {MAX_TOKENS:,}; "
+                                f"lower the input or prefix length")
+
+    def bounds(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The inclusive (low, high) of the sampled input length (prefix excluded) and of the output length."""
+        r = self.range_ratio
+        sampled = (math.floor(self.input_len * (1 - r)), math.ceil(self.input_len * (1 + r)))
+        output = (max(math.floor(self.output_len * (1 - r)), 1), max(math.ceil(self.output_len * (1 + r)), 1))
+        return sampled, output
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, PromptSegments]:
+        (in_low, in_high), (out_low, out_high) = self.bounds()
+        sampled = rng.integers(in_low, in_high + 1, size=n, dtype=np.int64)
+        output = rng.integers(out_low, out_high + 1, size=n, dtype=np.int64)
+        shared = int(self.prefix_len > 0)
+        counts = shared + (sampled > 0)
+        offsets = _csr(counts)
+        ids = np.full(offsets[-1], UNIQUE, dtype=np.int64)
+        tokens = np.repeat(sampled, counts)  # each request's last segment: its own tokens
+        if shared:
+            ids[offsets[:-1]] = 0
+            tokens[offsets[:-1]] = self.prefix_len
+        prefixes = PromptSegments(offsets, ids, tokens, np.full(n, UNIQUE))
+        return np.column_stack([self.prefix_len + sampled, output]), prefixes
+
+
+@dataclass(frozen=True)
+class PrefixRepetition:
+    """``vllm bench serve --dataset-name prefix_repetition``: ``num_prefixes`` random prefixes of ``prefix_len``
+    tokens, each followed by ``n // num_prefixes`` random suffixes of ``suffix_len`` tokens, ``output_len`` output
+    tokens each, the list shuffled.
+
+    That is :class:`SharedPrefix` with ``num_prefixes`` groups of ``n // num_prefixes`` prompts, fixed lengths and
+    one pass (one shuffle); :meth:`shared_prefix` builds it. The benchmark sends ``num_prefixes * (n //
+    num_prefixes)`` requests, so an ``n`` that is not a multiple of ``num_prefixes`` is refused with that count.
+    """
+
+    prefix_len: int = 256
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    output_len: int = 128
+
+    def __post_init__(self) -> None:
+        self.shared_prefix(self.num_prefixes)  # checks the lengths and the count
+
+    def shared_prefix(self, n: int) -> SharedPrefix:
+        """The :class:`SharedPrefix` generator the benchmark's ``n`` requests are."""
+        k = self.num_prefixes
+        _check_count("the number of prefixes", k)
+        if n % k:
+            sent = k * (n // k)
+            raise ServesimError(f"prefix-repetition with {k} prefixes takes a multiple of {k} requests, not {n} "
+                                f"(vllm bench serve --num-prompts {n} sends {k} x ({n} // {k}) = {sent}); ask for "
+                                f"{sent or k} requests")
+        return SharedPrefix(k, n // k, Fixed(self.prefix_len), Fixed(self.suffix_len), Fixed(self.output_len))
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, PromptSegments]:
+        return self.shared_prefix(n).sample(rng, n)
+
+
 def _length(text: str) -> LengthDistribution:
     low, sep, high = text.partition("-")
     return Uniform(int(low), int(high)) if sep else Fixed(int(text))
@@ -188,15 +286,40 @@ def _multi_turn(parts: list[str]):
     return Conversations(active, turns, *(_length(p) for p in parts[1:]))
 
 
-#: spec kind → (parser of the parts after the kind, the number of parts, the syntax, an example)
-GENERATOR_KINDS: dict[str, tuple[Callable, int, str, str]] = {
-    "shared-prefix": (_shared_prefix, 4, "GROUPS,PROMPTS_PER_GROUP:SYSTEM:QUESTION:OUTPUT",
-                      "shared-prefix:8,16:2048:128:256"),
-    "repeat": (_repeat, 3, "DISTINCT:PROMPT:OUTPUT", "repeat:100:1024:128"),
-    "multi-turn": (_multi_turn, 3, "ACTIVE,TURNS:MESSAGE:OUTPUT", "multi-turn:32,5:256:256"),
+def _random(parts: list[str]):
+    ratio = float(parts[2]) if len(parts) > 2 else 0.0
+    return RandomPrompts(int(parts[0]), int(parts[1]), ratio, *(int(p) for p in parts[3:]))
+
+
+def _prefix_repetition(parts: list[str]):
+    return PrefixRepetition(*(int(p) for p in parts))
+
+
+class GeneratorKind(NamedTuple):
+    parse: Callable
+    min_parts: int  # the parts after the kind
+    max_parts: int
+    syntax: str
+    values: str  # what the parts may be, for the error message
+    example: str
+
+
+_LENGTHS = "whole numbers (a length may be a range LOW-HIGH)"
+
+#: spec kind → how to read it (the example last)
+GENERATOR_KINDS: dict[str, GeneratorKind] = {
+    "shared-prefix": GeneratorKind(_shared_prefix, 4, 4, "GROUPS,PROMPTS_PER_GROUP:SYSTEM:QUESTION:OUTPUT", _LENGTHS,
+                                   "shared-prefix:8,16:2048:128:256"),
+    "repeat": GeneratorKind(_repeat, 3, 3, "DISTINCT:PROMPT:OUTPUT", _LENGTHS, "repeat:100:1024:128"),
+    "multi-turn": GeneratorKind(_multi_turn, 3, 3, "ACTIVE,TURNS:MESSAGE:OUTPUT", _LENGTHS,
+                                "multi-turn:32,5:256:256"),
+    "random": GeneratorKind(_random, 2, 4, "INPUT:OUTPUT[:RANGE_RATIO[:PREFIX_LEN]]",
+                            "whole numbers of tokens and a range ratio in [0, 1)", "random:1024:128:0.5:256"),
+    "prefix-repetition": GeneratorKind(_prefix_repetition, 4, 4, "PREFIX_LEN:SUFFIX_LEN:NUM_PREFIXES:OUTPUT_LEN",
+                                       "whole numbers", "prefix-repetition:256:256:10:128"),
 }
 
-Generator = SharedPrefix | RepeatedPrompts | Conversations
+Generator = SharedPrefix | RepeatedPrompts | Conversations | RandomPrompts | PrefixRepetition
 
 
 def is_generator_spec(text: str) -> bool:
@@ -206,15 +329,17 @@ def is_generator_spec(text: str) -> bool:
 def parse_generator_spec(spec: str) -> Generator:
     """Read a generator spec (see the module docstring); each length is a whole number or ``LOW-HIGH``."""
     kind, *parts = [part.strip() for part in spec.split(":")]
-    parse, count, syntax, example = GENERATOR_KINDS[kind.lower()]
-    if len(parts) != count:
-        raise ServesimError(f"workload spec {spec!r} needs {count} parts after {kind.lower()}: "
-                            f"{kind.lower()}:{syntax}, e.g. {example}")
+    kind = kind.lower()
+    parse, low, high, syntax, values, example = GENERATOR_KINDS[kind]
+    if not low <= len(parts) <= high:
+        count = str(low) if low == high else f"{low} to {high}"
+        raise ServesimError(f"workload spec {spec!r} needs {count} parts after {kind}: {kind}:{syntax}, "
+                            f"e.g. {example}")
     try:
         return parse(parts)
     except (ValueError, TypeError):
-        raise ServesimError(f"cannot read workload spec {spec!r}: write {kind.lower()}:{syntax} with whole numbers "
-                            f"(a length may be a range LOW-HIGH), e.g. {example}") from None
+        raise ServesimError(f"cannot read workload spec {spec!r}: write {kind}:{syntax} with {values}, "
+                            f"e.g. {example}") from None
 
 
 @dataclass(frozen=True)

@@ -169,3 +169,11 @@ def test_prefix_repetition_seeded_and_via_the_cli():
     result = CliRunner().invoke(main, ["workload", spec, "-n", "50", "--concurrency", "4"])
     assert result.exit_code == 0, result.output
     assert "distinct prompts" in result.output
+
+
+def test_prefix_repetition_is_the_documented_shared_prefix_spec():
+    alias = build_workload("prefix-repetition:256:256:10:128", 1000, qps=3, seed=5)
+    spelled = build_workload("shared-prefix:10,100:256:256:128", 1000, qps=3, seed=5)
+    assert np.array_equal(alias.prompt_tokens, spelled.prompt_tokens)
+    assert np.array_equal(alias.arrival_s, spelled.arrival_s)
+    assert alias.prefixes == spelled.prefixes

@@ -172,6 +172,8 @@ def build_workload(
       prompts sent again and again) or ``multi-turn:ACTIVE,TURNS:MESSAGE:OUTPUT`` (conversations, each turn's
       prompt the previous prompt, its answer and a new message; turn k + 1 comes ACTIVE requests after turn k,
       without waiting for the answer);
+    - a ``vllm bench serve`` dataset: ``random:INPUT:OUTPUT[:RANGE_RATIO[:PREFIX_LEN]]`` (its ``random`` dataset,
+      one prefix shared by every prompt) or ``prefix-repetition:PREFIX_LEN:SUFFIX_LEN:NUM_PREFIXES:OUTPUT_LEN``;
     - a CSV/JSONL trace path (``columns`` maps its columns when its format is not recognised; ``prompt_id`` or
       Mooncake's ``hash_ids``, of ``hash_block_tokens`` tokens per block, say which prompts share text).
 

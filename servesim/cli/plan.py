@@ -234,7 +234,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--memory-fraction", type=click.FloatRange(0, 1, min_open=True), help="vLLM gpu_memory_utilization or SGLang mem_fraction_static; engine default if unset.")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True, help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token).")
 @engine_behaviour_options
-@click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
+@click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code, chat-shared-prefix), length spec (fixed:1024:128), prompt generator (shared-prefix:8,16:2048:128:256, repeat:100:1024:128, multi-turn:32,5:256:256, random:1024:128:0.5:256, prefix-repetition:256:256:10:128) or trace file (docs/workloads.md).")
 @click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
 @click.option("--columns", default=None, metavar="prompt=COL,output=COL[,arrival=COL]",
               help="Column names of a CSV/JSONL trace in a format servesim does not recognise (also prompt_id=COL "

@@ -115,7 +115,10 @@ def _overload(result, workload) -> dict:
 @click.command("simulate")
 @_engine_options
 @click.option("--workload", "source", default="splitwise-conv", show_default=True,
-              help="Profile (arxiv, splitwise-conv, splitwise-code), length spec (fixed:1024:128) or trace file.")
+              help="Profile (arxiv, splitwise-conv, splitwise-code, chat-shared-prefix), length spec "
+                   "(fixed:1024:128), prompt generator (shared-prefix:8,16:2048:128:256, repeat:100:1024:128, "
+                   "multi-turn:32,5:256:256, random:1024:128:0.5:256, prefix-repetition:256:256:10:128) or trace "
+                   "file (docs/workloads.md).")
 @click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None,
               help="Requests [default: 1000; a trace: all its rows].")
 @click.option("--columns", default=None, metavar="prompt=COL,output=COL[,arrival=COL]",

@@ -8,13 +8,92 @@ others add element after element as ``np.bincount`` and ``np.add.accumulate`` do
 predicted from them, do not depend on which of the two computed them.
 
 Compiled code is cached on disk beside the package (numba's ``cache=True``; or under ``NUMBA_CACHE_DIR``), so only
-the first run after an install compiles.
+the first run after an install compiles. That run takes tens of seconds longer (docs/performance.md), so when the
+cache is cold and stderr is a terminal, one line on stderr says so (:func:`announce_if_cold`). On a warm run that
+costs two ``stat`` calls.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numba
 import numpy as np
+from numba.core import event as _numba_event
+
+#: The line shown before the loops compile. The time is what a first run took on 2 cores.
+COMPILE_NOTICE = "servesim: compiling its inner loops for this machine (first run only, ~30-80 s on 2 cores)..."
+#: Internal switch, for tests: ``1`` shows the notice even when stderr is not a terminal, ``0`` never shows it.
+#: Unset, the notice shows only when stderr is a terminal.
+_NOTICE_ENV = "SERVESIM_COMPILE_NOTICE"
+#: The process that imported this module first; worker processes forked from it compile too, but stay silent.
+_MAIN_PID = os.getpid()
+_announced = False
+
+
+def _notice_wanted(stream) -> bool:
+    forced = os.environ.get(_NOTICE_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+def _announce() -> None:
+    """Writes :data:`COMPILE_NOTICE` on stderr as one whole line, at most once per command and only in its main
+    process: a progress bar or the command's output follows on the next line."""
+    global _announced
+    if _announced or os.getpid() != _MAIN_PID:
+        return
+    _announced = True
+    stream = sys.stderr
+    if not _notice_wanted(stream):
+        return
+    try:
+        stream.write(COMPILE_NOTICE + "\n")
+        stream.flush()
+    except (AttributeError, ValueError, OSError):
+        pass
+
+
+def cache_is_cold() -> bool:
+    """Whether the loops of this module are missing from the disk cache or older than their source: one or two
+    ``stat`` calls. A new install, a new ``NUMBA_CACHE_DIR`` or an upgrade leaves every module's loops cold at
+    once, so this module stands for all of them (a stale loop elsewhere is caught by :class:`_CompileListener`)."""
+    try:
+        index = pairwise_sum._cache._cache_file._index_path
+        return os.stat(index).st_mtime < os.stat(__file__).st_mtime
+    except (AttributeError, OSError):
+        return True
+
+
+def announce_if_cold() -> None:
+    """Says on stderr that the loops are about to compile when their cache is cold. Called when this module is
+    first imported, before any loop compiles; worker processes forked later inherit ``_announced`` and stay
+    silent."""
+    if not _announced and cache_is_cold():
+        _announce()
+
+
+class _CompileListener(_numba_event.Listener):
+    """numba fires ``numba:compile`` only when a function is compiled, not when it is loaded from the disk cache,
+    so a warm run never calls this; a compile of one of servesim's loops announces itself."""
+
+    def on_start(self, event) -> None:
+        dispatcher = event.data.get("dispatcher") if isinstance(event.data, dict) else None
+        module = getattr(getattr(dispatcher, "py_func", None), "__module__", None) or ""
+        if module.startswith("servesim"):
+            _announce()
+
+    def on_end(self, event) -> None:
+        pass
+
+
+_numba_event.register("numba:compile", _CompileListener())
+
 
 #: Decorator for the compiled loops: no Python objects inside, cached on disk; a division by zero gives inf or NaN as
 #: in numpy rather than raising.
@@ -91,4 +170,6 @@ def pairwise_sum(values: np.ndarray, start: int, count: int) -> float:
     return 0.0 + sums[0]  # numpy's reduction starts from 0.0, which turns a -0.0 sum into 0.0
 
 
-__all__ = ["binary_ufunc", "jit", "pairwise_sum"]
+announce_if_cold()
+
+__all__ = ["COMPILE_NOTICE", "announce_if_cold", "binary_ufunc", "cache_is_cold", "jit", "pairwise_sum"]

@@ -113,3 +113,11 @@ def test_the_shared_splitwise_trace_loads_with_its_published_rate():
     assert len(trace) == 19_366
     assert arrival_stats(trace.arrival_s)["rate_per_s"] == pytest.approx(5.53, abs=0.01)
     assert np.mean(trace.prompt_tokens) == pytest.approx(1155, abs=1)
+
+
+@pytest.mark.parametrize("cell", ["1e300", "3000000000", "[]"])
+def test_token_counts_past_the_engines_limit_or_not_numbers_are_refused(tmp_path, cell):
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"prompt_tokens": {cell}, "output_tokens": 5}}\n')
+    with pytest.raises(ServesimError, match="prompt_tokens .*expected a whole number of tokens from 1 to 2,147,483,647"):
+        load_trace(path)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servesim.errors import ServesimError, not_utf8
+from servesim.limits import MAX_TOKENS
 from servesim.workloads.prefix import UNIQUE, PromptSegments
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ def _first_bad(bad: np.ndarray, raw: pd.Series, lines: np.ndarray, path: Path, c
     if bad.any():
         i = int(np.argmax(bad))
         value = raw.iloc[i]
-        shown = "missing" if pd.isna(value) else repr(value) if isinstance(value, str) else str(value)
+        missing = pd.api.types.is_scalar(value) and pd.isna(value)  # a JSON list or object is a value too
+        shown = "missing" if missing else repr(value) if isinstance(value, str) else str(value)
         raise ServesimError(f"{path} line {lines[i]}: {column} is {shown}; expected {expected}")
 
 
@@ -176,8 +178,8 @@ def _tokens(raw: pd.Series, lines: np.ndarray, path: Path, column: str, minimum:
 
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(values) | (values % 1 != 0) | (values < minimum)
-    _first_bad(bad, raw, lines, path, column, f"a whole number of tokens >= {minimum}")
+        bad = ~np.isfinite(values) | (values % 1 != 0) | (values < minimum) | (values > MAX_TOKENS)
+    _first_bad(bad, raw, lines, path, column, f"a whole number of tokens from {minimum} to {MAX_TOKENS:,}")
     return values.astype(np.int64)
 
 

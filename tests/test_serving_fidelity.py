@@ -185,12 +185,12 @@ def test_async_scheduling_hides_host_time_but_not_device_time():
     load = build_workload("fixed:128:128", 8, concurrency=8)
     dep = deployment(async_scheduling=True)
     base = dep.release.overhead
-    gpu_ms = simulate(dep, load, step_model=StepTimeModel(dep, overhead=dataclasses.replace(
-        base, step_us=0.0, per_seq_us=0.0))).summary()["tpot_mean_ms"]
+    none = {"step_us": 0.0, "per_seq_us": 0.0, "device_step_us": 0.0, "device_per_seq_us": 0.0}
 
     def tpot_ms(**terms):
-        costs = dataclasses.replace(base, **{"step_us": 0.0, "per_seq_us": 0.0, **terms})
+        costs = dataclasses.replace(base, **{**none, **terms})
         return simulate(dep, load, step_model=StepTimeModel(dep, overhead=costs)).summary()["tpot_mean_ms"]
 
+    gpu_ms = tpot_ms()
     assert tpot_ms(step_us=gpu_ms * 500) == pytest.approx(gpu_ms, rel=1e-9)  # host at half the GPU's step
     assert tpot_ms(device_step_us=1000.0) == pytest.approx(gpu_ms + 1.0, rel=1e-6)

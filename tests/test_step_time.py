@@ -14,7 +14,7 @@ from servesim.hardware import get_gpu
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Collective, Kernel
 from servesim.models import get_model
-from servesim.models.parallel import Parallelism
+from servesim.models.parallel import Parallelism, stage_layers
 from servesim.serving import step_cache
 from servesim.serving.deployment import build_deployment
 from servesim.serving.state import Step
@@ -34,7 +34,7 @@ BATCHES = {
 def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[float, ...], float]:
     """Each stage's time and the host overhead, from every kernel and collective of the expanded step: eager
     kernels floored at the launch cost, attention eager outside full graphs, a graph launch per stage and per
-    eager attention call in a piecewise graph."""
+    eager attention call in a piecewise graph, and each stage's share of the device time the kernels leave out."""
     floor_us = model.overhead.eager_launch_us
     stages, launches = [], 0
     for stage in range(model.par.pp):
@@ -53,7 +53,8 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
                 launches += repeats
             total += us * repeats
         launches += step.graph_mode != "none"
-        stages.append(total)
+        layers = len(stage_layers(model.model.num_layers, model.par.pp, stage))
+        stages.append(total + model.overhead.device_overhead_us(batch.num_requests) * layers / model.model.num_layers)
     return tuple(stages), model.overhead.step_overhead_us(batch.num_requests, launches)
 
 

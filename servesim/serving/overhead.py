@@ -1,8 +1,8 @@
-"""Host-side overhead of an engine step: the CPU work around the GPU's kernels, per engine and version.
+"""Overhead of an engine step beyond its kernels and collectives, per engine and version.
 
 An engine step costs the GPU its kernels and collectives; around them the engine's CPU schedules the batch,
-prepares inputs, launches kernels or replays CUDA graphs and hands the sampled tokens back. servesim models that
-cost with four terms:
+prepares inputs, launches kernels or replays CUDA graphs and hands the sampled tokens back, and the GPU spends time
+no kernel model accounts for. servesim models that cost with these terms:
 
 - ``step_us``: fixed cost of one step (scheduling, input preparation, the sampler hand-off);
 - ``per_seq_us``: what each request in the batch adds (scheduler bookkeeping, block tables, detokenisation);
@@ -17,10 +17,10 @@ cost with four terms:
   (HTTP handling, tokenisation, the hand-off to the engine process), done one request at a time, so a burst of
   requests reaches the engine spread out, as real clients' requests do.
 
-The table is keyed by the engine and the version whose kernels and defaults servesim models
-(``servesim.kernels.engines``). ``tools/calibrate_overhead.py`` fits ``step_us`` and ``per_seq_us`` to measured
-serving runs (docs/validation.md); the launch terms are not identifiable from end-to-end runs and keep their
-prior values, stated below.
+The table is keyed by the engine and the version whose kernels servesim models (``servesim.kernels.engines``);
+the engine registry (``servesim.serving.engines``) gives each release its constants. ``tools/calibrate_overhead.py``
+fits the host and device terms to measured serving runs (docs/validation.md); the launch terms are not
+identifiable from end-to-end runs and keep their prior values, stated below.
 """
 
 from __future__ import annotations
@@ -69,19 +69,22 @@ class HostOverhead:
 _EAGER_LAUNCH_US = 5.0
 _GRAPH_LAUNCH_US = 15.0
 
-#: (engine, version) -> constants. ``step_us`` and ``per_seq_us`` were fitted by
-#: ``tools/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
-#: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 and InferenceX runs; SGLang: 0.5.1.post1 and 0.5.8.post1)
-#: and checked on the H200 rows (docs/validation.md), the InferenceX rows with the FP8 KV cache their launch scripts
-#: set. They absorb what the kernel estimator leaves out of a step, so they are refitted whenever the default
-#: estimator, its weights or the simulator's step times change.
+#: (engine, version) -> constants. ``step_us``, ``per_seq_us``, ``device_step_us`` and ``device_per_seq_us`` were
+#: fitted by ``tools/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
+#: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 runs, scheduled synchronously, and InferenceX runs with
+#: the async scheduling, FP8 KV cache and no prefix caching their launch scripts set; SGLang: 0.5.1.post1 and
+#: 0.5.8.post1 runs with the overlap scheduler) and checked on the H200 rows (docs/validation.md). They absorb what
+#: the kernel estimator leaves out of a step, so they are refitted whenever the default estimator, its weights or
+#: the simulator's step times change. The API server's terms fitted to zero on those rows and stay there.
 HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
     {
         ("vllm", "0.11.0"): HostOverhead(
-            step_us=287.2, per_seq_us=14.143, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=302.3, per_seq_us=33.118, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US,
+            device_step_us=470.2, device_per_seq_us=4.007,
         ),
         ("sglang", "0.5.3"): HostOverhead(
-            step_us=89.0, per_seq_us=23.118, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US
+            step_us=81.5, per_seq_us=20.077, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US,
+            device_step_us=126.4, device_per_seq_us=23.573,
         ),
     }
 )

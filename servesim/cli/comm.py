@@ -9,6 +9,7 @@ import click
 
 from servesim.cli.output import Column, emit, output_format_options
 from servesim.errors import ServesimError
+from servesim.serving.engines import ENGINES
 
 _IMPLEMENTATIONS = ("auto", "nccl", "custom_graph", "custom_eager")
 #: :data:`servesim.training.comm_eval.BREAKDOWNS`, written out so that the CLI does not import the lab package.
@@ -31,7 +32,8 @@ def _collective_command(name: str, op: str, summary: str) -> click.Command:
     @click.option("--gpus", "group_size", type=click.IntRange(min=2), default=2, show_default=True,
                   help="GPUs taking part.")
     @click.option("--bytes", "size_text", required=True, help="Message size, e.g. 4096, 64KiB, 16MiB, 1.5GB.")
-    @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True)
+    @click.option("--engine", type=click.Choice(tuple(ENGINES)), default="vllm", show_default=True,
+                  help="Engine whose collective choice (custom all-reduce or NCCL) is modelled.")
     @click.option("--implementation", type=click.Choice(_IMPLEMENTATIONS), default="auto", show_default=True,
                   help="auto: what the engine would run.")
     @click.option("--eager", is_flag=True, help="Outside a CUDA graph (prefill steps too large to capture).")

@@ -12,6 +12,7 @@ import click
 from servesim.cli.output import Column, emit, estimator_option, output_format_options, render_table, to_csv, to_json
 from servesim.cli.params import DIMENSION, OutputFile, engine_behaviour_options, engine_spec
 from servesim.errors import ServesimError
+from servesim.serving.engines import ENGINES
 
 _ERROR_COLUMNS = (
     Column("rows", "rows", ",d"),
@@ -77,8 +78,8 @@ def validate_group() -> None:
 
 @validate_group.command("silicon")
 @click.option("--gpu", "gpus", multiple=True, help="GPU (repeatable) [default: H100-SXM and H200].")
-@click.option("--engine", "engines", multiple=True, type=click.Choice(("vllm", "sglang")),
-              help="Engine (repeatable) [default: both].")
+@click.option("--engine", "engines", multiple=True, type=click.Choice(tuple(ENGINES)),
+              help="Engine (repeatable) [default: every one in the registry].")
 @click.option("--model", "models", multiple=True, help="Hugging Face id or preset (repeatable) [default: all].")
 @click.option("--row-id", "row_ids", multiple=True, help="Only these silicon_sample ids (repeatable).")
 @estimator_option

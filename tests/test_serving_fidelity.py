@@ -194,3 +194,16 @@ def test_async_scheduling_hides_host_time_but_not_device_time():
     gpu_ms = tpot_ms()
     assert tpot_ms(step_us=gpu_ms * 500) == pytest.approx(gpu_ms, rel=1e-9)  # host at half the GPU's step
     assert tpot_ms(device_step_us=1000.0) == pytest.approx(gpu_ms + 1.0, rel=1e-6)
+
+
+def test_the_launch_command_carries_what_the_prediction_assumed():
+    llama70 = get_model("llama3-70b")
+    vllm = build_deployment(llama70, GPU, Parallelism(4, 2), "vllm", enable_prefix_caching=False, max_num_seqs=128)
+    command = vllm.launch_command()
+    assert command.startswith("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 "
+                              "--pipeline-parallel-size 2")
+    assert "--max-num-seqs 128" in command and "--no-enable-prefix-caching" in command
+    assert "async" not in command  # vLLM turns async scheduling off with PP by itself
+    sglang = build_deployment(llama70, GPU, Parallelism(4, 1), "sglang", async_scheduling=False).launch_command()
+    assert sglang.startswith("python -m sglang.launch_server --model-path meta-llama/Meta-Llama-3-70B --tp-size 4")
+    assert "--disable-overlap-schedule" in sglang and "--disable-radix-cache" not in sglang

@@ -75,30 +75,9 @@ class Deployment:
 
     def launch_command(self) -> str:
         """The server command whose flags this deployment's prediction assumed."""
-        model_ref = self.model.source
-        parallel = []
-        if self.engine.name == "vllm":
-            parallel += [f"--tensor-parallel-size {self.par.tp}"] if self.par.tp > 1 else []
-            parallel += [f"--pipeline-parallel-size {self.par.pp}"] if self.par.pp > 1 else []
-            head = f"vllm serve {model_ref}"
-        else:
-            parallel += [f"--tp-size {self.par.tp}"] if self.par.tp > 1 else []
-            parallel += [f"--pp-size {self.par.pp}"] if self.par.pp > 1 else []
-            head = f"python -m sglang.launch_server --model-path {model_ref}"
         quant = ["--quantization fp8"] if self.dtype == "fp8" else []  # fp8-block checkpoints come quantised
-        flags = [*parallel, *quant, *self.engine.launch_flags(self.settings, self.release)]
-        return " ".join([head, *flags])
-
-    def with_layout(self, par: Parallelism) -> Deployment:
-        """The same deployment with another layout, its defaults picked anew for it."""
-        return build_deployment(self.model, self.gpu, par, self.release.label, self.dtype, self.estimator,
-                                **self.overrides())
-
-    def overrides(self) -> dict:
-        """The settings that differ from the release's defaults for this GPU and layout."""
-        defaults = self.engine.default_settings(self.gpu, self.par, self.release)
-        return {name: getattr(self.settings, name) for name in SETTING_NAMES
-                if getattr(self.settings, name) != getattr(defaults, name)}
+        return " ".join([*self.engine.launch_head(self.model.source, self.par), *quant,
+                         *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par))])
 
 
 def build_deployment(

@@ -54,6 +54,11 @@ class Release:
     def label(self) -> str:
         return f"{self.engine}=={self.version}"
 
+    def schedules_async(self, par: Parallelism) -> bool:
+        """Whether the release schedules asynchronously by itself with layout ``par``: both engines turn it off
+        with pipeline parallelism."""
+        return self.async_scheduling and par.pp == 1
+
 
 def _sglang_mem_fraction_static(gpu_mib: float, chunked_prefill_size: int, cuda_graph_max_bs: int,
                                 par: Parallelism) -> float:
@@ -105,7 +110,7 @@ class Engine:
             max_num_seqs=max_seqs,
             block_size=self.kernels.page_size(self.kernels.attention_backend(gpu.architecture)),
             enable_prefix_caching=release.prefix_caching,
-            async_scheduling=release.async_scheduling and par.pp == 1,
+            async_scheduling=release.schedules_async(par),
         )
 
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
@@ -126,8 +131,18 @@ class Engine:
     no_async_flag: ClassVar[str] = ""
     async_flag: ClassVar[str] = ""
 
-    def launch_flags(self, settings: EngineSettings, release: Release) -> list[str]:
-        """The server flags whose values the prediction assumed."""
+    #: The server command (with ``{model}``), and its tensor- and pipeline-parallel flags.
+    command: ClassVar[str] = ""
+    parallel_flags: ClassVar[tuple[str, str]] = ("", "")
+
+    def launch_head(self, model_ref: str, par: Parallelism) -> list[str]:
+        """The command that starts the server for ``model_ref`` with layout ``par`` (a size of 1 is the default)."""
+        sizes = [f"{flag} {size}" for flag, size in zip(self.parallel_flags, (par.tp, par.pp)) if size > 1]
+        return [self.command.format(model=model_ref), *sizes]
+
+    def launch_flags(self, settings: EngineSettings, default_async: bool) -> list[str]:
+        """The server flags whose values the prediction assumed; ``default_async``: whether the engine schedules
+        asynchronously by itself for this release and layout."""
         values = (settings.memory_fraction, settings.max_num_batched_tokens, settings.max_num_seqs,
                   settings.block_size)
         flags = [f"{name} {value}" for name, value in zip(self.flag_names, values)]
@@ -135,12 +150,14 @@ class Engine:
             flags.append(f"--kv-cache-dtype {settings.kv_cache_dtype}")
         if not settings.enable_prefix_caching:
             flags.append(self.no_prefix_cache_flag)
-        if settings.async_scheduling != release.async_scheduling:
+        if settings.async_scheduling != default_async:
             flags.append(self.async_flag if settings.async_scheduling else self.no_async_flag)
         return flags
 
 
 class Vllm(Engine):
+    command = "vllm serve {model}"
+    parallel_flags = ("--tensor-parallel-size", "--pipeline-parallel-size")
     flag_names = ("--gpu-memory-utilization", "--max-num-batched-tokens", "--max-num-seqs", "--block-size")
     no_prefix_cache_flag = "--no-enable-prefix-caching"
     no_async_flag = "--no-async-scheduling"
@@ -159,6 +176,8 @@ class Vllm(Engine):
 
 
 class Sglang(Engine):
+    command = "python -m sglang.launch_server --model-path {model}"
+    parallel_flags = ("--tp-size", "--pp-size")
     flag_names = ("--mem-fraction-static", "--chunked-prefill-size", "--max-running-requests", "--page-size")
     no_prefix_cache_flag = "--disable-radix-cache"
     no_async_flag = "--disable-overlap-schedule"

@@ -101,7 +101,6 @@ class StepModels:
         if key not in self._models:
             from servesim.hardware import get_gpu
             from servesim.models import get_model
-            from servesim.models.parallel import Parallelism
 
             deployment = case_deployment(case, get_model(case.preset), get_gpu(case.gpu), self.estimator_name)
             base = self.shares_with.get(case) if self.shares_with is not None else None

@@ -240,9 +240,10 @@ def _commit(batch: RelaunchBatch, scheduler) -> None:
     step = batch.step
     requests = step.requests
     for req in requests:
+        start = req.token_base + req.generated
+        req.token_times_s[start:start + done] = batch.times_s
         req.computed += done
         req.generated += done
-        req.token_times_s.extend(batch.times_s)
     scheduler.commit_decodes(requests, done)
     size = step.num_decodes
     batch.step = Step(requests, step.new_tokens, size, step.decode_context_tokens + size * done,

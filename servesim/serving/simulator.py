@@ -15,7 +15,6 @@ run in one go (servesim/serving/fast_forward.py), with the same results.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -205,6 +204,9 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
     arrivals_s = workload.arrival_s.tolist()
     prefixes = workload.prefixes if fleet[0].scheduler.cache is not None else None
+    token_offsets = np.concatenate([[0], np.cumsum(workload.output_tokens)])
+    token_bases = token_offsets.tolist()
+    token_times_s = np.empty(int(token_offsets[-1]))
     states: list[RequestState | None] = [None] * n
     replica_of = [0] * n
     closed = workload.arrival_mode == "closed"
@@ -235,7 +237,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
             if arrivals and (not completions or arrivals[0][0] <= completions[0][0]):
                 now_s, _, rid, at = heapq.heappop(arrivals)
                 if at < 0:
-                    req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s)
+                    req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s, token_times_s,
+                                                     token_bases[rid])
                     if prefixes is not None:
                         req.segment_ids, req.segment_tokens = prefixes.segments(rid)
                         req.output_id = int(prefixes.output_ids[rid])
@@ -285,9 +288,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
 
 def _result(states: list[RequestState], replica_of: list[int], log: StepLog, kv_capacity: int,
             info: dict) -> SimulationResult:
-    token_times = [s.token_times_s for s in states]
-    offsets = np.concatenate([[0], np.cumsum(np.fromiter(map(len, token_times), dtype=np.int64, count=len(states)))])
-    times = np.fromiter(itertools.chain.from_iterable(token_times), dtype=np.float64, count=int(offsets[-1]))
+    offsets = np.concatenate([[0], np.cumsum([s.output for s in states], dtype=np.int64)])
+    times = states[0].token_times_s if states else np.array([])  # the run's one buffer, every token written
     rows = log.rows()
     columns = rows[np.argsort(rows[:, 0], kind="stable")].T.copy()  # replica by replica, each in launch order
     steps = StepRecord(

@@ -9,6 +9,7 @@ engines do; tokens already streamed to the client stay streamed.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,12 +22,12 @@ class RequestState:
 
     __slots__ = (
         "rid", "prompt", "output", "issue_s", "computed", "generated", "kv_held", "first_scheduled_s",
-        "token_times_s", "preemptions", "in_flight", "segment_ids", "segment_tokens", "output_id", "cache_path",
+        "first_token_s", "token_times_s", "token_base", "preemptions", "in_flight", "segment_ids", "segment_tokens", "output_id", "cache_path",
         "cached_units", "cached_tokens",
     )
 
-    def __init__(self, rid: int, prompt: int, output: int, issue_s: float, segment_ids=None, segment_tokens=None,
-                 output_id: int = -1) -> None:
+    def __init__(self, rid: int, prompt: int, output: int, issue_s: float, token_times_s: np.ndarray,
+                 token_base: int, segment_ids=None, segment_tokens=None, output_id: int = -1) -> None:
         self.rid = rid
         self.prompt = prompt
         self.output = output
@@ -35,7 +36,11 @@ class RequestState:
         self.generated = 0
         self.kv_held = 0  # KV units held: vLLM blocks, SGLang token slots
         self.first_scheduled_s = -1.0
-        self.token_times_s: list[float] = []
+        self.first_token_s = -1.0
+        # Token k of this request is sampled at token_times_s[token_base + k]: one float64 buffer for every request
+        # of the run (each request's output length is known in advance), not a list of floats per request.
+        self.token_times_s = token_times_s
+        self.token_base = token_base
         self.preemptions = 0
         self.in_flight = False  # part of a micro-batch still in the pipeline
         # Prompt identity (servesim/workloads/prefix.py), None without it; the prefix-cache nodes the request
@@ -99,8 +104,10 @@ def finish_step(step: Step, end_s: float) -> list[RequestState]:
         req.in_flight = False
         req.computed += new
         if req.computed == req.prompt + req.generated:
+            req.token_times_s[req.token_base + req.generated] = end_s
             req.generated += 1
-            req.token_times_s.append(end_s)
+            if req.generated == 1:
+                req.first_token_s = end_s
             if req.generated == req.output:
                 finished.append(req)
     return finished
@@ -113,27 +120,29 @@ STEP_LOG_COLUMNS = ("replica", "start_s", "end_s", "num_requests", "num_tokens",
 
 class StepLog:
     """The simulator's record of every step it launched, in launch order: a row of :data:`STEP_LOG_COLUMNS` per
-    step, appended one at a time by the event loop (``append``, a tuple) and as arrays of many rows by
-    fast-forward (:meth:`extend`), so that a decode stretch's steps are never made into tuples."""
+    step, appended one at a time by the event loop (``append``, a tuple, kept as eight float64s in one flat
+    buffer) and as arrays of many rows by fast-forward (:meth:`extend`), so that a decode stretch's steps are never
+    made into tuples."""
 
-    __slots__ = ("_rows", "_blocks", "append")
+    __slots__ = ("_flat", "_blocks", "append")
 
     def __init__(self) -> None:
-        self._rows: list[tuple] = []
+        self._flat = array("d")
         self._blocks: list[tuple[int, np.ndarray]] = []  # (rows appended before it, its rows)
-        self.append = self._rows.append
+        self.append = self._flat.extend
 
     def extend(self, rows: np.ndarray) -> None:
         """Rows of many steps, an array of :data:`STEP_LOG_COLUMNS` columns (taken over, not copied)."""
-        self._blocks.append((len(self._rows), rows))
+        self._blocks.append((len(self._flat) // len(STEP_LOG_COLUMNS), rows))
 
     def rows(self) -> np.ndarray:
         """Every row in launch order, float64 (counts are exact in it)."""
         width = len(STEP_LOG_COLUMNS)
-        appended = np.array(self._rows, dtype=np.float64).reshape(len(self._rows), width)
+        appended = np.frombuffer(self._flat, dtype=np.float64).reshape(-1, width) if self._flat else \
+            np.zeros((0, width))
         pieces, done = [], 0
         for before, block in self._blocks:
             pieces += [appended[done:before], block]
             done = before
         pieces.append(appended[done:])
-        return np.concatenate(pieces) if len(pieces) > 1 else appended
+        return np.concatenate(pieces) if len(pieces) > 1 else appended.copy()

@@ -71,7 +71,7 @@ class ViolationCounter:
         for index, rule in enumerate(self.rules):
             if rule.metric == "ttft" and step.prefills:
                 for req in step.requests:
-                    if len(req.token_times_s) == 1 and req.token_times_s[0] == now_s:
+                    if req.generated == 1 and req.first_token_s == now_s:
                         self._over(index, now_s - req.issue_s, now_s)
             elif rule.metric == "e2e":
                 for req in finished:
@@ -79,4 +79,4 @@ class ViolationCounter:
             elif rule.metric == "tpot":
                 for req in finished:
                     if req.output > 1:
-                        self._over(index, (now_s - req.token_times_s[0]) / (req.output - 1), now_s)
+                        self._over(index, (now_s - req.first_token_s) / (req.output - 1), now_s)

@@ -49,9 +49,6 @@ class SglangScheduler(Scheduler):
         self.new_token_ratio = self.init_ratio
         self.chunked: RequestState | None = None  # the one request whose prompt is part-way through
 
-    def fits(self, req: RequestState) -> bool:
-        return req.prompt + req.output <= self.capacity
-
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running) + (self.chunked is not None)
 

@@ -25,10 +25,6 @@ from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import RequestState, Step, make_step
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 class VllmScheduler(Scheduler):
     """FCFS continuous batching over a pool of ``num_blocks`` KV blocks of ``cfg.block_size`` tokens."""
 
@@ -39,10 +35,6 @@ class VllmScheduler(Scheduler):
         self.token_budget = cfg.max_num_batched_tokens
         self.max_num_seqs = cfg.max_num_seqs
         self.chunked_prefill = cfg.enable_chunked_prefill
-
-    def fits(self, req: RequestState) -> bool:
-        """Whether the request's full sequence fits the pool at all (vLLM refuses longer ones)."""
-        return _blocks(req.prompt + req.output, self.block_size) <= self.capacity
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)

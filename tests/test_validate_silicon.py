@@ -32,9 +32,10 @@ def _row(rows: pd.DataFrame, row_id: str) -> dict:
     return rows[rows["id"] == row_id].iloc[0].to_dict()
 
 
-def test_selection_is_aggregated_vllm_and_sglang_on_hopper(rows: pd.DataFrame) -> None:
+def test_selection_is_aggregated_vllm_and_sglang_on_every_gpu(rows: pd.DataFrame) -> None:
     assert set(rows["mode"]) == {"aggregated"}
-    assert set(rows["gpu"]) == {"H100-SXM", "H200"} and set(rows["backend"]) == {"vllm", "sglang"}
+    assert set(rows["gpu"]) == {"H100-SXM", "H200", "B200", "B300", "GB200"}
+    assert set(rows["backend"]) == {"vllm", "sglang"}
 
 
 def test_row_maps_to_its_setup(rows: pd.DataFrame) -> None:
@@ -51,7 +52,8 @@ def test_row_maps_to_its_setup(rows: pd.DataFrame) -> None:
 
 def test_inferencex_rows_draw_lengths_like_its_benchmark(rows: pd.DataFrame) -> None:
     inferencex = rows["source"].str.startswith("source_file=2026-04-06.csv")
-    row = rows[inferencex & (rows["model"] == "meta-llama/Llama-3.1-70B")].iloc[0].to_dict()
+    llama_h100 = (rows["model"] == "meta-llama/Llama-3.1-70B") & (rows["gpu"] == "H100-SXM")
+    row = rows[inferencex & llama_h100].iloc[0].to_dict()
     case = silicon_case(row)
     assert case.dtype == "fp8" and case.preset == "llama3.1-70b"
     assert case.kv_cache_dtype == "fp8" and case.max_num_seqs == row["concurrency"]  # its launch scripts' flags

@@ -26,8 +26,8 @@ from servesim.errors import ServesimError
 from servesim.serving.engines import ENGINES
 from servesim.validate.replay import ServingCase, Skipped, preset_for
 
-#: GPUs and engines the validation covers by default (the Hopper vLLM/SGLang runs of the file).
-SILICON_GPUS = ("H100-SXM", "H200")
+#: GPUs and engines the validation covers by default: every GPU of the file with vLLM or SGLang runs.
+SILICON_GPUS = ("H100-SXM", "H200", "B200", "B300", "GB200")
 SILICON_ENGINES = tuple(ENGINES)
 #: The presets of the dense models whose rows the accuracy bar is set on (Llama-3.1-8B, Llama-3.1-70B, Qwen3-32B);
 #: the file's other replayable rows (the Qwen3-235B-A22B MoE) are reported beside them.

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from servesim.cli import main
 from servesim.errors import ServesimError
 from servesim.training.datasets import (
+    collector_routing,
     SOURCES,
     DataOptions,
     harness_quantize_kernels,
@@ -205,6 +206,24 @@ def test_moe_rows_become_the_local_experts_share_of_balanced_routing():
     assert (kernel.num_experts, kernel.intermediate, kernel.tokens) == (16, 768, 32)
     assert kernel.routed_pairs() == 32 * 8 // 4  # a quarter of the experts gets a quarter of the pairs
     assert sum(prepared.dropped.values()) == 2
+
+
+def test_collector_routing_spreads_few_tokens_over_every_expert_parallel_rank():
+    # 4 tokens x top-8 over 128 experts: stride 16, token i's choices are 4i + 16j, so rank 0 of EP 4 (experts
+    # 0-31) gets 8 of the 32 pairs, one per expert, not all 32.
+    local = collector_routing(4, 128, 8, 32)
+    assert len(local) == 32 and local.sum() == 8 and set(local[local > 0]) == {1}
+    assert list(np.flatnonzero(local)) == [0, 4, 8, 12, 16, 20, 24, 28]
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 7, 16, 33, 256])
+@pytest.mark.parametrize("experts,top_k", [(8, 2), (64, 8), (128, 8), (160, 6), (256, 8), (512, 22)])
+def test_collector_routing_places_every_pair_and_shares_them_between_ranks(tokens, experts, top_k):
+    assert collector_routing(tokens, experts, top_k, experts).sum() == tokens * top_k  # EP 1: every pair is local
+    for ep in (2, 4, 8):
+        if experts % ep == 0 and tokens * top_k >= experts:  # every expert chosen: rank 0 gets about its share
+            share = collector_routing(tokens, experts, top_k, experts // ep).sum()
+            assert abs(share - tokens * top_k / ep) <= 0.05 * tokens * top_k / ep + top_k
 
 
 @needs_vidur

@@ -431,19 +431,35 @@ def _prepare_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
                  "power-law routing (the step model routes evenly)", dropped)
 
 
+def collector_routing(tokens: int, experts: int, top_k: int, local_experts: int) -> np.ndarray:
+    """(token, choice) pairs per expert of EP rank 0 (experts ``[0, local_experts)``) under the routing
+    aiconfigurator's MoE collectors time as ``balanced`` (``collector/helper.py`` ``balanced_logits``): with
+    ``stride = ceil(experts / top_k)``, token ``i``'s choice ``j`` is expert ``(i + j * stride) % experts`` when
+    ``tokens >= stride``, else ``floor(i * stride / tokens + j * stride) % experts``. Fewer tokens than the stride
+    are spread over the whole expert range, so rank 0 of an expert-parallel run gets only its share of them, not
+    the first ``local_experts`` experts' worth."""
+    stride = -(-experts // top_k)
+    token = np.arange(tokens)[:, None]
+    choice = np.arange(top_k)[None, :] * stride
+    if tokens >= stride:
+        chosen = (token + choice) % experts
+    else:
+        chosen = np.floor(token * stride / tokens + choice).astype(np.int64) % experts
+    return np.bincount(chosen[chosen < local_experts], minlength=local_experts)
+
+
 def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
     """One GPU of ``moe_tp`` x ``moe_ep``: every expert's intermediate width over ``moe_tp``, the first
-    ``num_experts / moe_ep`` experts local, receiving their share of the evenly routed (token, choice) pairs."""
-    from servesim.kernels.expand import balanced_routing
-
+    ``num_experts / moe_ep`` experts local, receiving the (token, choice) pairs the collector's routing sends them
+    (:func:`collector_routing`)."""
     columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype", "scaling")
     kernels: list[Kernel] = []
     for t, h, inter, e, topk, tp, ep, dtype, scaling in zip(*(frame[c] for c in columns)):
         local = int(e) // int(ep)
         kernels.append(FusedMoE(
             tokens=int(t), num_experts=local, top_k=int(topk), hidden=int(h), intermediate=int(inter) // int(tp),
-            expert_tokens=balanced_routing(int(t) * int(topk), int(e))[:local], dtype=str(dtype),
-            scale="" if scaling == "none" else str(scaling),
+            expert_tokens=tuple(int(n) for n in collector_routing(int(t), int(e), int(topk), local)),
+            dtype=str(dtype), scale="" if scaling == "none" else str(scaling),
         ))
     return kernels
 

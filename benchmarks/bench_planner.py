@@ -5,8 +5,9 @@
 Runs ``servesim plan ARGS --jobs 1 --json`` in this process (the plan's JSON is discarded) with the parts of the
 step-time model timed: the attention of batches not seen before (``StepTimeModel.layer_attentions_us``), of which
 the decomposition, SM placement and features of kernels not seen before, and the time of steps outside attention
-(``StepTimeModel._rest_time_us``). Then it searches every option again with the step-time models the first pass
-filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
+(``StepTimeModel._predict_rest_us``). No step times are read from earlier plans (``SERVESIM_CACHE_DIR`` is set
+empty: servesim/planner/step_store.py). Then it searches every option again with the step-time models the first
+pass filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
 decode stretches run without the scheduler (``servesim.serving.fast_forward``) and the runs that stopped early (a
 bracketing load whose SLO failure became certain) are timed apart. Prints a row per option and the total.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -55,7 +57,8 @@ def _timed_if_stopped(probe: Callable[..., Probe]) -> Callable[..., Probe]:
 
 def main(plan_args: list[str]) -> None:
     StepTimeModel.layer_attentions_us = _timed("attention", StepTimeModel.layer_attentions_us)
-    StepTimeModel._rest_time_us = _timed("rest", StepTimeModel._rest_time_us)
+    os.environ["SERVESIM_CACHE_DIR"] = ""  # every step time predicted here, none read from earlier plans
+    StepTimeModel._predict_rest_us = _timed("rest", StepTimeModel._predict_rest_us)
     cached_features = features._kernel_features_cached
     features._kernel_features_cached = _timed("features", cached_features)
     searched: list[tuple[OptionTask, StepTimeModel, OptionResult, dict[str, float], int]] = []

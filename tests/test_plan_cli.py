@@ -30,6 +30,14 @@ PROBE_KEYS = ["load", "meets_slos", "stopped_by", "sustained", "request_rate_per
               "output_tokens_per_s", "slo_values_ms", "latency_ms", "peak_kv_occupancy", "preemptions"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def step_store(tmp_path_factory):
+    """Plans keep their step times in a folder of these tests' own (servesim/planner/step_store.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SERVESIM_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 def run(*args: str):
     return CliRunner().invoke(main, list(args))
 

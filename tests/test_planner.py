@@ -9,9 +9,19 @@ from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.planner.executor import LocalExecutor
-from servesim.planner.plan import PlanRequest, build_plan, candidate_layouts, cost_option, plan_payload, run_plan
-from servesim.planner.search import OptionTask, Probe, _crossing_load, search_capacity
+from servesim.planner import step_store
+from servesim.planner.plan import (
+    PlanRequest,
+    build_plan,
+    candidate_layouts,
+    cost_option,
+    plan_payload,
+    run_plan,
+    search_options,
+)
+from servesim.planner.search import OptionTask, Probe, _crossing_load, search_capacity, step_model
 from servesim.planner.slo import Slo
+from servesim.serving import step_cache
 from servesim.serving.deployment import build_deployment
 from servesim.serving.simulator import simulate
 from servesim.workloads import build_workload
@@ -25,6 +35,13 @@ def task(tpot_ms: float = 10.0, gpu=H100, par=Parallelism(1, 1), mode="qps", wor
          tolerance=0.05, ttft_ms: float | None = None) -> OptionTask:
     slos = (Slo("tpot", 90, tpot_ms),) + ((Slo("ttft", 90, ttft_ms),) if ttft_ms else ())
     return OptionTask(build_deployment(model, gpu, par, estimator="roofline"), workload, slos, mode, tolerance)
+
+
+@pytest.fixture(autouse=True)
+def store(tmp_path, monkeypatch):
+    """Plans keep their step times in a folder of the test's own."""
+    monkeypatch.setenv("SERVESIM_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +227,56 @@ def test_search_groups_share_gpu_and_tp_and_keep_every_worker_busy(workers):
     assert len(groups) >= min(workers, len(tasks))
     if workers == 1:
         assert len(groups) == 8  # TP 1, 2, 4 and 8 on each GPU
+
+
+def test_a_later_plan_times_steps_from_the_memos_an_earlier_one_kept(store, monkeypatch, unloaded_tpot_ms):
+    spans = []
+    predict = step_cache.decode_span
+    monkeypatch.setattr(step_cache, "decode_span", lambda *args: spans.append(args) or predict(*args))
+    (first,) = search_options([task(1.5 * unloaded_tpot_ms)])
+    (path,) = store.rglob("*.npz")
+    predicted = len(spans)
+    (again,) = search_options([task(1.5 * unloaded_tpot_ms)])
+    assert repr(again) == repr(first)  # NaN percentiles of runs stopped early compare equal as text
+    assert len(spans) == predicted
+    # other SLOs search other loads, which meet few steps the first plan did not
+    (other,) = search_options([task(1.2 * unloaded_tpot_ms)])
+    assert other.capacity.load < first.capacity.load
+    assert len(spans) - predicted < predicted / 2
+    assert [p.name for p in store.rglob("*.npz")] == [path.name]
+
+
+def test_stored_memos_read_back_exactly(unloaded_tpot_ms):
+    steps = step_model(task(1.5 * unloaded_tpot_ms))
+    search_capacity(task(1.5 * unloaded_tpot_ms), steps)
+    memos = {name: getattr(steps, name) for name in step_store.MEMOS}
+    assert all(memos.values())
+    assert step_store.decode(step_store.encode(memos)) == memos
+
+
+def test_memos_are_kept_per_deployment_whatever_its_price():
+    steps = step_model(task())
+    priced = step_model(dataclasses.replace(task(), deployment=dataclasses.replace(
+        task().deployment, gpu=H100.with_price(0.5, "2026-01-01", "test"))))
+    assert step_store.timing_key(priced) == step_store.timing_key(steps)
+    assert step_store.timing_key(step_model(task(gpu=get_gpu("A100")))) != step_store.timing_key(steps)
+    assert step_store.timing_key(step_model(task(par=Parallelism(1, 2)))) != step_store.timing_key(steps)
+
+
+def test_an_unreadable_store_costs_time_only(store, monkeypatch):
+    steps = step_model(task())
+    path = store / f"step-times-{step_store.code_fingerprint()}" / f"{step_store.timing_key(steps)}.npz"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not an npz file")
+    (result,) = search_options([task()])
+    assert result.status == "ok" and step_store.read_memos(path)["decode_spans"]  # rewritten
+    monkeypatch.setenv("SERVESIM_CACHE_DIR", "")
+    assert step_store.store_dir() is None
+
+
+def test_a_new_code_version_removes_the_step_times_of_others(store):
+    old = store / "step-times-0123456789abcdef"
+    old.mkdir(parents=True)
+    (old / "stale.npz").write_bytes(b"")
+    step_store.save_memos(step_model(task()))
+    assert [p.name for p in store.iterdir()] == [f"step-times-{step_store.code_fingerprint()}"]

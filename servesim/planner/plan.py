@@ -29,6 +29,7 @@ from servesim.planner.search import (
     step_model,
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
+from servesim.planner.step_store import load_memos, save_memos
 from servesim.serving.deployment import Deployment, build_deployment
 from servesim.serving.engines import Release, parse_engine
 from servesim.serving.step_time import StepTimeModel
@@ -247,7 +248,9 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
         key = (dep.gpu, dep.par.tp, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype, dep.estimator)
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
+        load_memos(steps)
         results.append(search_capacity(task, steps))
+        save_memos(steps)
     return results
 
 

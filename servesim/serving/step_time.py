@@ -111,9 +111,11 @@ class StepTimeModel:
         self._kernel_us: dict[Kernel, float] = {}
         self._collective_us: dict[tuple[Collective, bool], float] = {}
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
-        #: Each stage's time outside attention, µs, by (tokens, requests, decode only).
+        #: Each stage's time outside attention, µs, by (tokens, requests, decode only) (:meth:`rest_time_us`).
+        self.rest_times: dict[tuple[int, int, bool], tuple[float, ...]] = {}
         self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
-        self._mixed_body_us = functools.lru_cache(maxsize=65536)(self._mixed_body_times_us)
+        #: Each stage's time outside attention of a mixed step, less its sampled rows, µs, by tokens.
+        self.mixed_bodies: dict[int, tuple[float, ...]] = {}
         #: One layer's attention time, µs, and its number of kernels, by batch (:meth:`layer_attentions_us`).
         self.attention_by_batch: dict[BatchSpec, tuple[float, int]] = {}
         #: The same for the representative batches of mixed steps, by what they depend on
@@ -173,12 +175,21 @@ class StepTimeModel:
         return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp)
 
     def _rest_time_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:
+        key = (num_tokens, num_requests, decode_only)
+        known = self.rest_times.get(key)
+        if known is None:
+            known = self.rest_times[key] = self._predict_rest_us(num_tokens, num_requests, decode_only)
+        return known
+
+    def _predict_rest_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:
         if decode_only:  # any decode batch of this size launches the same kernels outside attention
             return self._outside_attention_us(BatchSpec(decodes=(1,) * num_requests))
         # A mixed step's kernels outside attention depend on its token count, but for those on the sampled rows
         # (one per request), so the two are timed apart: a new request count costs those few ops alone. One prompt
         # chunk and single-token decodes stand for any batch with these counts.
-        body_us = self._mixed_body_us(num_tokens)
+        body_us = self.mixed_bodies.get(num_tokens)
+        if body_us is None:
+            body_us = self.mixed_bodies[num_tokens] = self._mixed_body_times_us(num_tokens)
         proxy = BatchSpec((PrefillChunk(num_tokens - num_requests + 1),), (1,) * (num_requests - 1))
         sampled = self._step_part("sampled_rows", proxy)
         sampled_us = self._ops_time_us([(op, 1) for op in sampled], self.graph_plan(num_tokens, False).mode)

@@ -1,9 +1,10 @@
 """Expanding one engine step into the kernels one GPU of one pipeline stage launches, with its collectives.
 
 The layer bodies follow the engines' model code (vLLM ``model_executor/models/{llama,qwen2,qwen3,qwen3_moe,
-mixtral}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines for these architectures; the
-engines differ in the attention kernels, CUDA-graph padding and where the LM head runs (``engines.py``).
-docs/kernels.md lists every choice with the file it follows.
+mixtral,minimax_m2}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines for these
+architectures; the engines differ in the attention kernels, CUDA-graph padding and where the LM head runs
+(``engines.py``). docs/kernels.md lists every choice with the file it follows; docs/models.md what each model
+family adds.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, va
 #: quantisation, dynamic activation scale); ``fp8-block`` W8A8 with 128x128 weight blocks and 1x128 activation
 #: groups (Qwen3-FP8 / DeepSeek-style checkpoints).
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block")
+#: The FP8 weight formats and the scale granularity of their linears.
+_FP8_SCALES = {"fp8": "tensor", "fp8-block": "block"}
 #: KV-cache formats, as the engines' ``--kv-cache-dtype``: ``auto`` stores K and V in the activation dtype, ``fp8``
 #: in FP8 E4M3 with per-tensor scales (the attention kernels read FP8 pages and the cache write quantises).
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -180,25 +183,28 @@ class _Ctx:
     heads: int  # per GPU
     kv_heads: int  # per GPU (replicated when tp > kv heads)
 
-    def all_reduce(self, name: str) -> list[Collective]:
+    def all_reduce(self, name: str, width: int | None = None, dtype: str | None = None) -> list[Collective]:
+        """The TP all-reduce of ``width`` values per token in ``dtype`` (default: the hidden states)."""
         if self.tp == 1:
             return []
-        nbytes = int(self.tokens * self.model.hidden_size * dtype_bytes(self.act))
+        dtype = dtype or self.act
+        nbytes = int(self.tokens * (width or self.model.hidden_size) * dtype_bytes(dtype))
         impl = self.engine.all_reduce_impl(nbytes, self.gpu)
         collective = Collective(
-            op="all_reduce", bytes=nbytes, group_size=self.tp, implementation=impl, dtype=self.act, name=name
+            op="all_reduce", bytes=nbytes, group_size=self.tp, implementation=impl, dtype=dtype, name=name
         )
         return [collective]
 
     def linear(self, name: str, n: int, k: int, bias: bool = False) -> list[Kernel]:
         """A (column- or row-parallel) linear layer: one GEMM, or dynamic FP8 quantisation then a scaled MM."""
-        if self.weights in ("bf16", "fp16"):
+        scale = _FP8_SCALES.get(self.weights)
+        if scale is None:
             return [Gemm(m=self.tokens, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
-        block = self.weights == "fp8-block"
+        block = scale == "block"
         quant = Quantize(rows=self.tokens, cols=k, group=128 if block else 0, in_dtype=self.act,
                          engine=self.engine.name, name=f"{name}.quant")
         mm = ScaledMM(
-            m=self.tokens, n=n, k=k, scale="block" if block else "tensor", bias=bias, out_dtype=self.act,
+            m=self.tokens, n=n, k=k, scale=scale, bias=bias, out_dtype=self.act,
             library="" if block else self.engine.fp8_tensor_library, name=name,
         )
         return [quant, mm]
@@ -261,9 +267,10 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             *ctx.all_reduce("mlp.all_reduce"),
         ]
     experts, top_k = model.num_experts, model.num_experts_per_tok
-    fp8 = ctx.weights.startswith("fp8")
+    scale = _FP8_SCALES.get(ctx.weights, "")
     return [
-        # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None).
+        # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
+        # it in FP32, which this BF16 GEMM leaves out (docs/models.md).
         Gemm(m=t, n=experts, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act, name="gate"),
         RouterTopK(
             tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk"
@@ -275,8 +282,8 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // ctx.tp,
             expert_tokens=balanced_routing(t * top_k, experts),
-            dtype="fp8" if fp8 else ctx.act,
-            scale=("block" if ctx.weights == "fp8-block" else "tensor") if fp8 else "",
+            dtype="fp8" if scale else ctx.act,
+            scale=scale,
             name="experts",
         ),
         *ctx.all_reduce("moe.all_reduce"),
@@ -290,13 +297,11 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
     norm_cls = RMSNorm if layer == 0 else AddRMSNorm
     ops: list[Op] = [norm_cls(rows=t, dim=model.hidden_size, dtype=ctx.act, name="input_layernorm")]
     ops += ctx.linear("qkv_proj", n=(ctx.heads + 2 * ctx.kv_heads) * hd, k=model.hidden_size, bias=model.attention_bias)
-    if model.qk_norm:
-        ops += [
-            RMSNorm(rows=t * ctx.heads, dim=hd, dtype=ctx.act, name="q_norm"),
-            RMSNorm(rows=t * ctx.kv_heads, dim=hd, dtype=ctx.act, name="k_norm"),
-        ]
+    ops += _qk_norm(ctx)
     ops += [
-        Rope(tokens=t, num_heads=ctx.heads, num_kv_heads=ctx.kv_heads, head_dim=hd, dtype=ctx.act, name="rotary_emb"),
+        # A partial rotary embedding (MiniMax-M2: 64 of 128) reads and turns only its rope_dim values of each head.
+        Rope(tokens=t, num_heads=ctx.heads, num_kv_heads=ctx.kv_heads, head_dim=model.rope_dim, dtype=ctx.act,
+             name="rotary_emb"),
         # Padded slots (slot id -1) are skipped, so the cache write sees only the real tokens.
         KvWrite(
             tokens=ctx.batch.num_tokens,
@@ -313,6 +318,21 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
         *_mlp(ctx, layer),
     ]
     return ops
+
+
+def _qk_norm(ctx: _Ctx) -> list[Op]:
+    """The Q and K norms: per head (Qwen3), or over all of Q and all of K (MiniMax-M2, vLLM
+    ``MiniMaxText01RMSNormTP``), whose mean square over the whole projection needs this GPU's share summed over TP:
+    one all-reduce of the two FP32 variances per token (``forward_qk``)."""
+    model, t, hd = ctx.model, ctx.tokens, ctx.model.head_dim
+    if model.qk_norm == "head":
+        return [RMSNorm(rows=t * ctx.heads, dim=hd, dtype=ctx.act, name="q_norm"),
+                RMSNorm(rows=t * ctx.kv_heads, dim=hd, dtype=ctx.act, name="k_norm")]
+    if model.qk_norm == "layer":
+        return [RMSNorm(rows=t, dim=ctx.heads * hd, dtype=ctx.act, name="q_norm"),
+                RMSNorm(rows=t, dim=ctx.kv_heads * hd, dtype=ctx.act, name="k_norm"),
+                *ctx.all_reduce("qk_norm.all_reduce", width=2, dtype="fp32")]
+    return []
 
 
 def _stage_input(ctx: _Ctx, stage: int) -> list[Op]:
@@ -412,6 +432,13 @@ def expand(
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
 
 
+def served_weights(model: ModelConfig, dtype: str) -> str:
+    """The format the engines run ``dtype`` weights of ``model`` in: FP8 of a checkpoint that ships block-scaled FP8
+    (its ``quantization_config`` gives ``weight_block_size``, as MiniMax-M2.5's does) is block-scaled, since the
+    engines take the checkpoint's scales; otherwise ``dtype``."""
+    return "fp8-block" if dtype == "fp8" and model.checkpoint_quant == "fp8-block" else dtype
+
+
 def kernel_categories(engine: str, model: ModelConfig, gpu: GpuSpec, dtype: str = "bf16") -> frozenset[str]:
     """The kernel categories ``engine`` launches serving ``model`` on ``gpu``: a step with a prefill chunk and a
     decode on one GPU launches every kind (layouts change shapes and collectives, not kinds)."""
@@ -440,7 +467,7 @@ def _context(
         gpu=gpu,
         batch=batch,
         tp=tp,
-        weights=dtype,
+        weights=served_weights(model, dtype),
         act=act,
         kv=kv_storage_dtype(dtype, kv_cache_dtype),
         tokens=plan.padded_tokens,

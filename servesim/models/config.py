@@ -9,8 +9,15 @@ import numpy as np
 
 from servesim.errors import ServesimError
 
-#: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+#: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2")
+#: Architectures whose ``intermediate_size`` is each expert's width, every layer being MoE.
+_ALL_MOE_TYPES = ("mixtral", "minimax_m2")
+#: Per-head RMSNorm of Q and K over ``head_dim`` (Qwen3).
+_HEAD_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+#: A router kept in FP32 (MiniMax-M2: ``ReplicatedLinear(..., params_dtype=torch.float32)`` in vLLM's
+#: minimax_m2.py).
+_FP32_ROUTER_TYPES = ("minimax_m2",)
 
 
 @dataclass(frozen=True)
@@ -18,7 +25,9 @@ class ModelConfig:
     """The figures of a decoder-only transformer that decide its memory and its kernels.
 
     MoE fields are zero for dense models. ``moe_layer_indices`` lists the layers whose MLP is the sparse MoE block
-    (all of them for Mixtral and Qwen3-MoE as released).
+    (all of them for Mixtral, Qwen3-MoE and MiniMax-M2 as released). ``checkpoint_quant`` is the weight format the
+    checkpoint ships (its ``quantization_config``: ``""`` unquantised, ``fp8``, ``fp8-block``, or the method's own
+    name for formats servesim does not model). docs/models.md maps each family's config keys to these fields.
     """
 
     name: str
@@ -34,7 +43,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # bias on the Q, K and V projections (Qwen2)
-    qk_norm: bool  # per-head RMSNorm of Q and K (Qwen3)
+    qk_norm: str  # "" none; "head": RMSNorm of each head of Q and K (Qwen3); "layer": of all of Q, all of K (MiniMax)
     rope_theta: float
     rms_norm_eps: float
     num_experts: int = 0
@@ -42,10 +51,18 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layer_indices: tuple[int, ...] = ()
+    rotary_dim: int = 0  # head dimensions the rotary embedding turns; 0: all of head_dim
+    router_dtype: str = "bf16"  # the router's weights (FP32 for MiniMax-M2)
+    checkpoint_quant: str = ""
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of each head the rotary embedding turns (partial rotary: fewer than ``head_dim``)."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def q_size(self) -> int:
@@ -59,20 +76,26 @@ class ModelConfig:
         return layer in self.moe_layer_indices
 
     # Parameter counts (whole model, no parallelism).
+    def qk_norm_params(self) -> int:
+        """Weights of the Q and K norms: one ``head_dim`` vector each per head norm, all of Q and K per layer norm."""
+        return {"": 0, "head": 2 * self.head_dim, "layer": self.q_size + self.kv_size}[self.qk_norm]
+
     def attention_params_per_layer(self) -> int:
         params = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
         if self.attention_bias:
             params += self.q_size + 2 * self.kv_size
-        if self.qk_norm:
-            params += 2 * self.head_dim
-        return params
+        return params + self.qk_norm_params()
 
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size
 
+    def expert_params(self) -> int:
+        """Weights of one expert's gate, up and down projections (no biases)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
     def moe_mlp_params(self) -> int:
-        experts = self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
-        return experts + self.hidden_size * self.num_experts  # router
+        router = self.hidden_size * self.num_experts
+        return self.num_experts * self.expert_params() + router
 
     def layer_params(self, layer: int) -> int:
         mlp = self.moe_mlp_params() if self.is_moe_layer(layer) else self.dense_mlp_params()
@@ -92,8 +115,7 @@ class ModelConfig:
         """Parameters touched per token: MoE layers count only the routed experts."""
         total = self.total_params()
         inactive_experts = self.num_experts - self.num_experts_per_tok
-        per_expert = 3 * self.hidden_size * self.moe_intermediate_size
-        return total - len(self.moe_layer_indices) * inactive_experts * per_expert
+        return total - len(self.moe_layer_indices) * inactive_experts * self.expert_params()
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
         """KV-cache bytes one token occupies across the whole model (K and V, every layer)."""
@@ -158,7 +180,7 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
     moe_layers: tuple[int, ...] = ()
     moe_intermediate = 0
     if num_experts:
-        if model_type == "mixtral":
+        if model_type in _ALL_MOE_TYPES:
             moe_intermediate = intermediate
             moe_layers = tuple(range(layers))
         else:
@@ -166,6 +188,10 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
             step = int(cfg.get("decoder_sparse_step", 1) or 1)
             dense_only = set(cfg.get("mlp_only_layers") or [])
             moe_layers = tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+    rotary_dim = int(_first(cfg, "rotary_dim", default=0))
+    if not 0 <= rotary_dim <= head_dim or rotary_dim % 2:
+        raise ServesimError(f"model config {source!r}: rotary_dim {rotary_dim} must be an even number of at most "
+                            f"head_dim {head_dim}")
 
     return ModelConfig(
         name=name,
@@ -181,12 +207,36 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qk_norm=_qk_norm(cfg, model_type),
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         num_experts=num_experts,
         num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0)) if num_experts else 0,
         moe_intermediate_size=moe_intermediate,
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type == "mixtral")) if num_experts else False,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type in _ALL_MOE_TYPES)) if num_experts else False,
         moe_layer_indices=moe_layers,
+        rotary_dim=rotary_dim if rotary_dim != head_dim else 0,
+        router_dtype="fp32" if model_type in _FP32_ROUTER_TYPES else "bf16",
+        checkpoint_quant=checkpoint_quant(cfg.get("quantization_config")),
     )
+
+
+def _qk_norm(cfg: Mapping[str, Any], model_type: str) -> str:
+    """Qwen3 norms each head of Q and K; a config with ``use_qk_norm`` (MiniMax-M2) says how with ``qk_norm_type``:
+    ``per_layer`` is one RMSNorm over all of Q and one over all of K (vLLM ``MiniMaxText01RMSNormTP``)."""
+    if model_type in _HEAD_QK_NORM_TYPES:
+        return "head"
+    if not cfg.get("use_qk_norm"):
+        return ""
+    return "layer" if cfg.get("qk_norm_type", "per_layer") == "per_layer" else "head"
+
+
+def checkpoint_quant(quantization_config: Any) -> str:
+    """The weight format a ``quantization_config`` declares: ``""`` none, ``fp8`` (per-tensor scales),
+    ``fp8-block`` (``weight_block_size`` given), else the ``quant_method`` itself."""
+    if not isinstance(quantization_config, Mapping):
+        return ""
+    method = str(quantization_config.get("quant_method", ""))
+    if method == "fp8" and quantization_config.get("weight_block_size"):
+        return "fp8-block"
+    return method

@@ -21,8 +21,14 @@ from servesim.models.parallel import (
     validate_parallelism,
 )
 
-#: The weight and KV-cache dtypes servesim plans memory for (their sizes come from the kernels' dtype table).
+#: The KV-cache dtypes servesim plans memory for (their sizes come from the kernels' dtype table).
 STORAGE_DTYPES = ("bf16", "fp16", "fp8")
+
+#: Weight formats -> (dtype of the attention and dense-MLP linears, dtype of the routed experts). Norms, biases,
+#: embeddings and the LM head stay 16-bit in all of them; the router too, unless the model keeps it in FP32.
+WEIGHT_FORMATS: dict[str, tuple[str, str]] = {
+    "bf16": ("bf16", "bf16"), "fp16": ("fp16", "fp16"), "fp8": ("fp8", "fp8"),
+}
 
 GIB = 2**30
 
@@ -33,34 +39,38 @@ def dtype_bytes(dtype: str) -> int:
     return int(DTYPE_BYTES[dtype])
 
 
-def layer_weight_params_per_gpu(model: ModelConfig, tp: int, layer: int) -> tuple[float, float]:
-    """(params of linear layers, other params) of one layer on one GPU.
+def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_dtype: str = "bf16") -> float:
+    """Weight bytes of one layer on one GPU in the format ``weight_dtype`` (:data:`WEIGHT_FORMATS`).
 
-    Linear weights are the ones a W8A8 checkpoint stores in FP8; norms, biases and the MoE router stay 16-bit.
+    Linear weights are sharded by TP (KV heads replicated beyond their count); norms and the router are whole on
+    every GPU.
     """
+    if weight_dtype not in WEIGHT_FORMATS:
+        raise ServesimError(f"unknown weight format {weight_dtype!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+    linear_dtype, expert_dtype = WEIGHT_FORMATS[weight_dtype]
     hidden, head_dim = model.hidden_size, model.head_dim
     q_per_gpu = model.q_size / tp
     kv_per_gpu = kv_heads_per_gpu(model, tp) * head_dim
     linear = hidden * (q_per_gpu + 2 * kv_per_gpu) + q_per_gpu * hidden
-    other = 2 * hidden + (2 * head_dim if model.qk_norm else 0)
+    other = 2 * hidden + {"": 0, "head": 2 * head_dim, "layer": q_per_gpu + kv_per_gpu}[model.qk_norm]
     if model.attention_bias:
         other += q_per_gpu + 2 * kv_per_gpu
+    other_bytes = other * 2
+    experts = 0.0
     if model.is_moe_layer(layer):
-        linear += model.num_experts * 3 * hidden * model.moe_intermediate_size / tp
-        other += hidden * model.num_experts
+        inter = model.moe_intermediate_size / tp
+        experts = model.num_experts * 3 * hidden * inter
+        other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype]
     else:
         linear += 3 * hidden * model.intermediate_size / tp
-    return linear, other
+    return linear * DTYPE_BYTES[linear_dtype] + experts * DTYPE_BYTES[expert_dtype] + other_bytes
 
 
 def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weight_dtype: str = "bf16") -> float:
     """Weight bytes one GPU of ``stage`` holds: its layers, plus the embedding (first stage) and the final norm and
-    LM head (last stage). Embedding and LM head are vocab-parallel over TP and stay 16-bit under FP8."""
-    linear_bytes = dtype_bytes(weight_dtype)
-    total = 0.0
-    for layer in stage_layers(model.num_layers, par.pp, stage):
-        linear, other = layer_weight_params_per_gpu(model, par.tp, layer)
-        total += linear * linear_bytes + other * 2
+    LM head (last stage). Embedding and LM head are vocab-parallel over TP and stay 16-bit in every format."""
+    total = sum(layer_weight_bytes_per_gpu(model, par.tp, layer, weight_dtype)
+                for layer in stage_layers(model.num_layers, par.pp, stage))
     vocab_rows = padded_vocab_per_gpu(model, par.tp)
     if stage == 0:
         total += vocab_rows * model.hidden_size * 2

@@ -112,12 +112,22 @@ def _packed_row_token_sum(x: int, group: int) -> int:
 
 
 @jit
+def _windowed_row_pair_sum(x: int, group: int, first: int, window: int) -> int:
+    """Keys scored by packed rows [0, x) when token t sees ``min(first + t, window)`` keys: the rows whose token's
+    causal span fits the window see ``first + t``, the rest ``window``."""
+    fits = min(max(group * (window - first + 1), 0), x)
+    return fits * first + _packed_row_token_sum(fits, group) + (x - fits) * window
+
+
+@jit
 def _prefill_tiles(q: np.ndarray, kv: np.ndarray, tiles_per_req: np.ndarray, block_m: int, block_n: int, group: int,
-                   causal: bool) -> tuple[np.ndarray, ...]:
+                   causal: bool, window: int) -> tuple[np.ndarray, ...]:
     """One head's query tiles, request after request: ``tiles_per_req[i]`` tiles of ``block_m`` packed rows over
     request i's ``q[i] * group`` (tiles past them are empty), with ``kv[i]`` keys. Per tile: its request, its index
     in the request, its rows, the (row, key) pairs it scores, and the keys and key blocks its main loop walks
-    (whole blocks of ``block_n``, up to the last row's causal limit)."""
+    (whole blocks of ``block_n``, up to the last row's causal limit). Under a sliding ``window`` (> 0, causal) a
+    tile walks from the block holding its first row's earliest visible key (FlashAttention's local ``n_block_min``)
+    to its last row's causal limit."""
     n = tiles_per_req.sum()
     request, tile, rows = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     pairs, keys, blocks = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
@@ -128,15 +138,24 @@ def _prefill_tiles(q: np.ndarray, kv: np.ndarray, tiles_per_req: np.ndarray, blo
             row_a = min(t * block_m, packed)
             row_b = min(row_a + block_m, packed)
             request[i], tile[i], rows[i] = r, t, row_b - row_a
-            if causal:
+            if causal and window > 0:
+                offset = kv[r] - q[r] + 1
+                pairs[i] = (_windowed_row_pair_sum(row_b, group, offset, window)
+                            - _windowed_row_pair_sum(row_a, group, offset, window))
+                end = min(kv[r] - q[r] + (row_b - 1) // group + 1, kv[r]) if rows[i] > 0 else 0
+                start = max(kv[r] - q[r] + row_a // group + 1 - window, 0) if rows[i] > 0 else 0
+                keys[i] = end - start
+                blocks[i] = -(-end // block_n) - start // block_n
+            elif causal:
                 offset = kv[r] - q[r] + 1  # keys visible to token 0
                 pairs[i] = (rows[i] * offset + _packed_row_token_sum(row_b, group)
                             - _packed_row_token_sum(row_a, group))
                 keys[i] = min(kv[r] - q[r] + (row_b - 1) // group + 1, kv[r]) if rows[i] > 0 else 0
+                blocks[i] = -(-keys[i] // block_n)
             else:
                 pairs[i] = rows[i] * kv[r]
                 keys[i] = kv[r] if rows[i] > 0 else 0
-            blocks[i] = -(-keys[i] // block_n)
+                blocks[i] = -(-keys[i] // block_n)
             i += 1
     return request, tile, rows, pairs, keys, blocks
 
@@ -256,21 +275,23 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
     check_task_count(kernel, heads * int(tiles_per_req.sum()))
     # Launch order: tiles fastest, then requests, then heads (grid x, y, z); every head runs the same tiles.
     req, tile_idx, rows, keys, demand, duration = _prefill_tasks(q, kv, tiles_per_req, tile.block_m, tile.block_n,
-                                                                 pack, kernel.causal, heads,
+                                                                 pack, kernel.causal, kernel.window, heads,
                                                                  *_task_inputs(kernel, gpu, tile))
     dims = _head_dims(req, tile_idx, np.zeros_like(req), rows, keys)
     name = f"{kernel.backend} prefill"
-    notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else ""),)
+    notes = (f"tile {tile.block_m}x{tile.block_n}" + (f", GQA packed x{pack}" if pack > 1 else "")
+             + (f", sliding window {kernel.window}" if kernel.window else ""),)
     return (_make_launch(kernel, gpu, tile, name, heads, dims, demand, duration, notes),)
 
 
 @jit
 def _prefill_tasks(q: np.ndarray, kv: np.ndarray, tiles_per_req: np.ndarray, block_m: int, block_n: int,
-                   group: int, causal: bool, heads: int, per_unit: np.ndarray, rates: np.ndarray,
+                   group: int, causal: bool, window: int, heads: int, per_unit: np.ndarray, rates: np.ndarray,
                    cold_dram_bytes: float) -> tuple[np.ndarray, ...]:
     """One head's prefill tiles (:func:`_prefill_tiles`: request, tile, rows, keys; ``tiles_per_req`` query tiles
     per request) and every head's demand and durations (:func:`_attention_tasks`)."""
-    request, tile, rows, pairs, keys, blocks = _prefill_tiles(q, kv, tiles_per_req, block_m, block_n, group, causal)
+    request, tile, rows, pairs, keys, blocks = _prefill_tiles(q, kv, tiles_per_req, block_m, block_n, group, causal,
+                                                              window)
     demand, duration = _attention_tasks(per_unit, rows, pairs, keys, blocks, block_m, block_n, rates, heads,
                                         cold_dram_bytes)
     return request, tile, rows, keys, demand, duration

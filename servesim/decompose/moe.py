@@ -1,7 +1,12 @@
 """Fused MoE as vLLM's Triton path runs it (vllm/model_executor/layers/fused_moe/fused_moe.py): tokens sorted by
 expert into BLOCK_SIZE_M-padded blocks (moe_align_block_size), a grouped GEMM for gate/up, SiLU&Mul, a grouped
 GEMM for down. Each grouped GEMM is a 1-D grid over (padded M blocks x N blocks) with Triton's GROUP_SIZE_M
-swizzle; blocks past the padded token count exit at once."""
+swizzle; blocks past the padded token count exit at once.
+
+MXFP4 experts (gpt-oss) are decomposed the same way with their weights read at 4.25 bits and multiplied in BF16:
+the engines' MXFP4 MoE kernels (OpenAI's Triton ``matmul_ogs`` or Marlin on Hopper and Ampere, FlashInfer's
+MXFP4 x BF16 on Blackwell) dequantise each weight tile in the kernel. Their own tilings are not modelled: the tiles
+are the BF16 path's."""
 
 from __future__ import annotations
 
@@ -58,26 +63,36 @@ def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str,
     pid_n = (pid % per_group) // group_rows
     rows = np.where(pid_m < len(block_rows), block_rows[np.minimum(pid_m, max(len(block_rows) - 1, 0))], 0)
     cols = np.minimum(cfg["n"], n - pid_n * cfg["n"])
-    b = dtype_bytes(kernel.dtype)
+    b, wb = dtype_bytes(kernel.dtype), dtype_bytes(kernel.stored_dtype)  # activations, weights
     active = rows > 0
 
     def demand(r, c):
         return {
             "tensor": 2.0 * r * c * k,
             "fma": (r * c * active).astype(np.float64),  # epilogue (routing weight / convert)
-            "l2": ((r * k + c * k * active) * b + r * c * 2).astype(np.float64),
-            "smem": (2 * (r * k + c * k * active) * b).astype(np.float64),
+            "l2": (r * k * b + c * k * active * wb + r * c * 2).astype(np.float64),
+            "smem": (2 * (r * k * b + c * k * active * wb)).astype(np.float64),
         }
 
     useful = demand(rows, cols)
     issued = demand(np.where(active, cfg["m"], 0), np.where(active, cfg["n"], 0))
-    unique = kernel.active_experts() * n * k * b + kernel.routed_pairs() * (k + n) * 2
+    unique = kernel.active_experts() * n * k * wb + kernel.routed_pairs() * (k + n) * 2
     tasks = task_set(("pid_m", "pid_n", "rows", "cols", "k"), (pid_m, pid_n, rows, cols, np.full_like(pid, k)),
                      useful, pipe_rate_vector(gpu, kernel.dtype), issued, cold_dram_bytes=unique)
-    smem = _TRITON_STAGES * (cfg["m"] + cfg["n"]) * cfg["k"] * int(b)
+    smem = int(_TRITON_STAGES * (cfg["m"] * b + cfg["n"] * wb) * cfg["k"])
     config = LaunchConfig(_TRITON_WARPS * 32, 128, smem)
     note = f"BLOCK {cfg['m']}x{cfg['n']}x{cfg['k']}, {len(block_rows)} of {grid_m} M blocks hold tokens"
-    return Launch(name, config, tasks, ROUND_ROBIN, len(pid), kernel.dtype, (note,))
+    return Launch(name, config, tasks, ROUND_ROBIN, len(pid), kernel.dtype, (note, *_weight_notes(kernel, gpu)))
+
+
+def _weight_notes(kernel: FusedMoE, gpu: GpuSpec) -> tuple[str, ...]:
+    """What the launch says of weights stored in another dtype than the MMAs run in."""
+    if not kernel.weight_dtype:
+        return ()
+    if gpu.tensor_flops_per_sm_per_cycle.get("fp4", 0) > 0:
+        return (f"{kernel.weight_dtype} weights x {kernel.dtype} activations, weight-only (BF16 MMAs)",)
+    return (f"{kernel.weight_dtype} weights dequantised to {kernel.dtype} (emulated: {gpu.name} has no FP4 Tensor "
+            f"cores)",)
 
 
 def decompose_moe(kernel: FusedMoE, gpu: GpuSpec) -> tuple[Launch, ...]:

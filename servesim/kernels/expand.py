@@ -1,7 +1,7 @@
 """Expanding one engine step into the kernels one GPU of one pipeline stage launches, with its collectives.
 
 The layer bodies follow the engines' model code (vLLM ``model_executor/models/{llama,qwen2,qwen3,qwen3_moe,
-mixtral,minimax_m2}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines for these
+mixtral,minimax_m2,gpt_oss}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines for these
 architectures; the engines differ in the attention kernels, CUDA-graph padding and where the LM head runs
 (``engines.py``). docs/kernels.md lists every choice with the file it follows; docs/models.md what each model
 family adds.
@@ -41,8 +41,9 @@ from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, va
 
 #: Weight formats: ``bf16``/``fp16`` unquantised; ``fp8`` W8A8 with per-tensor scales (vLLM/SGLang ``fp8``
 #: quantisation, dynamic activation scale); ``fp8-block`` W8A8 with 128x128 weight blocks and 1x128 activation
-#: groups (Qwen3-FP8 / DeepSeek-style checkpoints).
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block")
+#: groups (Qwen3-FP8 / DeepSeek-style checkpoints); ``mxfp4`` a checkpoint whose MoE experts are MXFP4 and the rest
+#: BF16 (gpt-oss), the experts run weight-only (:class:`servesim.kernels.types.FusedMoE`).
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block", "mxfp4")
 #: The FP8 weight formats and the scale granularity of their linears.
 _FP8_SCALES = {"fp8": "tensor", "fp8-block": "block"}
 #: KV-cache formats, as the engines' ``--kv-cache-dtype``: ``auto`` stores K and V in the activation dtype, ``fp8``
@@ -210,9 +211,24 @@ class _Ctx:
         return [quant, mm]
 
 
-def _attention(ctx: _Ctx) -> list[Kernel]:
-    """The attention kernels of one layer for the engine's backend (see EngineKernels's flags)."""
+def windowed_lengths(query_lens: tuple[int, ...], kv_lens: tuple[int, ...], window: int) -> tuple[tuple[int, ...], int]:
+    """The keys a sliding-window layer's attention reads, and the window its prefill kernel needs: each request's
+    last ``query_len + window - 1`` keys (no query sees an earlier one), and ``window``, or 0 when no query's causal
+    span is longer than it, the kernel then being a full-attention one over those keys. Without a window
+    (``window`` 0), the lengths as they are. A decoding request reads at most ``window`` keys."""
+    if not window:
+        return kv_lens, 0
+    read = tuple(min(kv, q + window - 1) for q, kv in zip(query_lens, kv_lens))
+    return read, window if max(read) > window else 0
+
+
+def _attention(ctx: _Ctx, window: int = 0) -> list[Kernel]:
+    """The attention kernels of one layer for the engine's backend (see EngineKernels's flags); ``window`` > 0 for
+    a sliding-window layer. gpt-oss's attention sinks (one learned logit per head added to each softmax's
+    denominator) cost one term per query row and head, and are left out."""
     batch, model = ctx.batch, ctx.model
+    kv_lens, window = windowed_lengths(batch.query_lens, batch.kv_lens, window)
+    decodes = len(batch.decodes)
     common = dict(
         num_heads=ctx.heads,
         num_kv_heads=ctx.kv_heads,
@@ -223,17 +239,18 @@ def _attention(ctx: _Ctx) -> list[Kernel]:
         kv_dtype=ctx.kv,
     )
     if batch.is_decode_only:
-        return [AttentionDecode(kv_lens=batch.kv_lens, name="attn", **common)]
+        return [AttentionDecode(kv_lens=kv_lens, name="attn", **common)]
     if ctx.backend in ctx.engine.splits_mixed_attention and batch.decodes:
-        prefill_q = batch.query_lens[len(batch.decodes):]
-        prefill_kv = batch.kv_lens[len(batch.decodes):]
+        prefill_q, prefill_kv = batch.query_lens[decodes:], kv_lens[decodes:]
         return [
-            AttentionDecode(kv_lens=batch.kv_lens[: len(batch.decodes)], name="attn.decode", **common),
-            AttentionPrefill(query_lens=prefill_q, kv_lens=prefill_kv, name="attn.prefill", **common),
+            AttentionDecode(kv_lens=kv_lens[:decodes], name="attn.decode", **common),
+            AttentionPrefill(query_lens=prefill_q, kv_lens=prefill_kv, window=window, name="attn.prefill", **common),
         ]
-    if ctx.backend in ctx.engine.ragged_prefix_split:
+    # A sliding window longer than a query's span stays in one paged kernel (SGLang runs gpt-oss with Triton
+    # attention where its FlashInfer default would split off the cached prefix; docs/models.md).
+    if ctx.backend in ctx.engine.ragged_prefix_split and not window:
         q = batch.query_lens
-        cached = [(ql, kv - ql) for ql, kv in zip(q, batch.kv_lens) if kv > ql]
+        cached = [(ql, kv - ql) for ql, kv in zip(q, kv_lens) if kv > ql]
         ragged = AttentionPrefill(query_lens=q, kv_lens=q, kv_layout="ragged", name="attn.ragged", **common)
         kernels: list[Kernel] = [ragged]
         if cached:
@@ -247,7 +264,7 @@ def _attention(ctx: _Ctx) -> list[Kernel]:
                 )
             )
         return kernels
-    return [AttentionPrefill(query_lens=batch.query_lens, kv_lens=batch.kv_lens, name="attn", **common)]
+    return [AttentionPrefill(query_lens=batch.query_lens, kv_lens=kv_lens, window=window, name="attn", **common)]
 
 
 def balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
@@ -271,7 +288,8 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     return [
         # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
         # it in FP32, which this BF16 GEMM leaves out (docs/models.md).
-        Gemm(m=t, n=experts, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act, name="gate"),
+        Gemm(m=t, n=experts, k=model.hidden_size, bias=model.moe_bias, dtype=ctx.act, out_dtype=ctx.act,
+             name="gate"),
         RouterTopK(
             tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk"
         ),
@@ -284,6 +302,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             expert_tokens=balanced_routing(t * top_k, experts),
             dtype="fp8" if scale else ctx.act,
             scale=scale,
+            weight_dtype="mxfp4" if ctx.weights == "mxfp4" else "",
             name="experts",
         ),
         *ctx.all_reduce("moe.all_reduce"),
@@ -311,8 +330,8 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
             kv_dtype=ctx.kv,
             name="kv_cache_write",
         ),
-        *_attention(ctx),
-        *ctx.linear("o_proj", n=model.hidden_size, k=ctx.heads * hd),
+        *_attention(ctx, model.attention_window(layer)),
+        *ctx.linear("o_proj", n=model.hidden_size, k=ctx.heads * hd, bias=model.o_proj_bias),
         *ctx.all_reduce("attn.all_reduce"),
         AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
         *_mlp(ctx, layer),
@@ -422,6 +441,7 @@ def expand(
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ServesimError(f"unknown KV-cache dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
     check_parallelism(model, tp, pp, stage)
+    check_weight_format(model, dtype)
     traits = gpu_traits(gpu, config.name, tp)
     if dtype.startswith("fp8") and not traits.fp8_tensor_cores:
         raise ServesimError(
@@ -430,6 +450,17 @@ def expand(
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
+
+
+def check_weight_format(model: ModelConfig, dtype: str) -> None:
+    """Refuse a weight format the model's checkpoint cannot be served in: ``mxfp4`` is the format of checkpoints
+    that ship MXFP4 experts (gpt-oss), which no engine makes of another checkpoint."""
+    if dtype == "mxfp4" and (model.checkpoint_quant != "mxfp4" or not model.is_moe):
+        declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
+        raise ServesimError(
+            f"{model.name} is not an MXFP4 checkpoint (its config.json {declared}); of 4-bit weights servesim models "
+            f"only the MXFP4 experts gpt-oss ships (--dtype mxfp4), not NVFP4 or INT4; use --dtype "
+            f"{'fp8-block' if model.checkpoint_quant == 'fp8-block' else 'fp8'} or bf16")
 
 
 def served_weights(model: ModelConfig, dtype: str) -> str:
@@ -494,8 +525,10 @@ def step_part(
     """One part of :func:`expand`'s step for ``batch``, without expanding the rest, which lets step times be split
     (servesim/serving/step_time.py):
 
-    - ``attention``: the attention kernels every layer launches, the only kernels that depend on more of the batch
-      than its token and request counts;
+    - ``attention``: the attention kernels of one cycle of the model's attention kinds
+      (:attr:`ModelConfig.attention_cycle_layers` layers: one for a model whose layers all attend alike, a
+      sliding-window and a full-attention layer for gpt-oss), the only kernels that depend on more of the batch
+      than its token and request counts; their time over the cycle's layers is a layer's mean;
     - ``sampled_rows``: the last stage's ops on the sampled rows (LM head, logits all-gather, sampling), the only
       other ops whose shape follows the number of requests rather than of tokens (besides the graph mode)."""
     if part not in STEP_PARTS:
@@ -504,7 +537,10 @@ def step_part(
     traits = gpu_traits(gpu, config.name, tp)
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
-    return tuple(_attention(ctx) if part == "attention" else _sampled_rows(ctx, plan))
+    if part == "sampled_rows":
+        return tuple(_sampled_rows(ctx, plan))
+    return tuple(op for layer in range(model.attention_cycle_layers)
+                 for op in _attention(ctx, model.attention_window(layer)))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -515,13 +551,14 @@ def _expand_cached(
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
     ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan)
     layers = stage_layers(model.num_layers, pp, stage)
-    body: dict[bool, tuple[Op, ...]] = {}  # layer body by "is MoE", built once (layer 0 differs, built apart)
+    # Layer bodies by (is MoE, is sliding-window), each built once (layer 0 differs, built apart).
+    body: dict[tuple[bool, bool], tuple[Op, ...]] = {}
     runs: list[OpRun] = [OpRun(None, tuple(_stage_input(ctx, stage)))]
     for layer in layers:
         if layer == 0:
             layer_ops = tuple(_layer(ctx, 0))
         else:
-            key = model.is_moe_layer(layer)
+            key = (model.is_moe_layer(layer), model.is_sliding_layer(layer))
             if key not in body:
                 body[key] = tuple(_layer(ctx, layer))
             layer_ops = body[key]

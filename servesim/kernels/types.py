@@ -19,8 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+#: MXFP4 (OCP Microscaling v1.0): 4-bit E2M1 values with one 8-bit E8M0 scale per block of 32, 4.25 bits a weight.
+MXFP4_BITS_PER_WEIGHT = 4 + 8 / 32
 #: Bytes per element of each dtype name used in this package.
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int32": 4, "int64": 8}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp4": MXFP4_BITS_PER_WEIGHT / 8,
+                                 "int32": 4, "int64": 8}
 
 #: The scale granularities of an FP8 scaled matrix multiply (see :class:`ScaledMM`) and the libraries that run
 #: each, the first being the default: vLLM's per-tensor FP8 linear calls CUTLASS (``cutlass_scaled_mm``), SGLang's
@@ -198,15 +201,19 @@ class Quantize(Kernel):
         return f"{self.rows}x{self.cols} {scale} {self.engine}"
 
 
-def _attended_pairs(query_len: int, kv_len: int, causal: bool) -> int:
+def _attended_pairs(query_len: int, kv_len: int, causal: bool, window: int = 0) -> int:
     """(query, key) pairs one request's attention scores; causal counts the triangle exactly.
 
     The ``query_len`` new tokens sit at the end of the ``kv_len`` keys, so query i (0-based) sees
-    ``kv_len - query_len + i + 1`` keys.
+    ``kv_len - query_len + i + 1`` keys, or at most ``window`` of them under a sliding window.
     """
     if not causal:
         return query_len * kv_len
-    return query_len * (kv_len - query_len) + query_len * (query_len + 1) // 2
+    if not window:
+        return query_len * (kv_len - query_len) + query_len * (query_len + 1) // 2
+    first = kv_len - query_len + 1  # keys query 0 sees without a window
+    unclipped = min(max(window - first + 1, 0), query_len)  # queries whose causal span fits the window
+    return unclipped * first + unclipped * (unclipped - 1) // 2 + (query_len - unclipped) * window
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +223,9 @@ class AttentionPrefill(Kernel):
     ``query_lens[i]`` new tokens of request i attend to ``kv_lens[i]`` keys (cached plus new, new included).
     ``kv_layout`` is ``paged`` (keys read from the paged KV cache, ``page_size`` tokens a page) or ``ragged``
     (keys taken from the contiguous new K/V of this step). ``backend`` names the engine's kernel library
-    (``fa3``, ``fa2``, ``flashinfer``, ``trtllm``).
+    (``fa3``, ``fa2``, ``flashinfer``, ``trtllm``). ``window`` > 0 is a causal sliding window: each query sees at
+    most ``window`` keys, itself included (FlashAttention's ``window_size=(window - 1, 0)``), and the kernel reads
+    only the last ``query_len + window - 1`` keys of a request.
     """
 
     category: ClassVar[str] = "attn_prefill"
@@ -231,20 +240,32 @@ class AttentionPrefill(Kernel):
     backend: str = "fa3"
     l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
     kv_dtype: str = "bf16"
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        if self.window and not self.causal:
+            raise ValueError("a sliding window needs causal attention")
+
+    def keys_read(self) -> tuple[int, ...]:
+        """Keys each request's attention reads: all ``kv_lens``, or under a window the last ``q + window - 1``."""
+        if not self.window:
+            return self.kv_lens
+        return tuple(min(kv, q + self.window - 1) for q, kv in zip(self.query_lens, self.kv_lens))
 
     def flops(self) -> float:
-        pairs = sum(_attended_pairs(q, kv, self.causal) for q, kv in zip(self.query_lens, self.kv_lens))
+        pairs = sum(_attended_pairs(q, kv, self.causal, self.window) for q, kv in zip(self.query_lens, self.kv_lens))
         return 4.0 * self.num_heads * self.head_dim * pairs  # QK^T and PV, two FLOPs per multiply-add each
 
     def bytes_moved(self) -> float:
         q_elems = sum(self.query_lens) * self.num_heads * self.head_dim
-        kv_elems = 2 * sum(self.kv_lens) * self.num_kv_heads * self.head_dim
+        kv_elems = 2 * sum(self.keys_read()) * self.num_kv_heads * self.head_dim
         return 2 * q_elems * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
 
     def shape(self) -> str:
+        window = f" window={self.window}" if self.window else ""
         return (
             f"{len(self.query_lens)} req q={sum(self.query_lens)} kv={sum(self.kv_lens)} "
-            f"h={self.num_heads}/{self.num_kv_heads}x{self.head_dim} {self.kv_layout} {self.backend}"
+            f"h={self.num_heads}/{self.num_kv_heads}x{self.head_dim} {self.kv_layout} {self.backend}{window}"
         )
 
 
@@ -425,6 +446,11 @@ class FusedMoE(Kernel):
     ``intermediate`` is this GPU's slice (TP shards every expert's intermediate dimension). ``expert_tokens[e]`` is
     how many (token, choice) pairs expert e receives; it sums to ``tokens`` x ``top_k`` and is the routing
     distribution. Experts that receive nothing are not read.
+
+    ``weight_dtype`` (empty: ``dtype``) is how the expert weights are stored when it differs from the dtype the
+    Tensor cores multiply in: ``mxfp4`` experts (gpt-oss) run weight-only, each tile dequantised to BF16 in the
+    kernel and multiplied in BF16 (vLLM's MXFP4 MoE methods on Ampere and Hopper, and its default MXFP4 x BF16 one
+    on Blackwell).
     """
 
     category: ClassVar[str] = "moe"
@@ -435,6 +461,7 @@ class FusedMoE(Kernel):
     intermediate: int
     expert_tokens: tuple[int, ...]
     scale: str = ""  # "", or the ScaledMM granularity when dtype is fp8
+    weight_dtype: str = ""
 
     def routed_pairs(self) -> int:
         return sum(self.expert_tokens)
@@ -442,19 +469,25 @@ class FusedMoE(Kernel):
     def active_experts(self) -> int:
         return sum(1 for n in self.expert_tokens if n > 0)
 
+    @property
+    def stored_dtype(self) -> str:
+        """The expert weights' storage dtype."""
+        return self.weight_dtype or self.dtype
+
     def flops(self) -> float:
         return 6.0 * self.routed_pairs() * self.hidden * self.intermediate
 
     def bytes_moved(self) -> float:
-        weights = self.active_experts() * 3 * self.hidden * self.intermediate * dtype_bytes(self.dtype)
+        weights = self.active_experts() * 3 * self.hidden * self.intermediate * dtype_bytes(self.stored_dtype)
         act = 2 * self.tokens * self.hidden * 2  # bf16 hidden in and out
         routed = self.routed_pairs() * 3 * self.intermediate * 2  # gate/up out (2I) and SiLU&Mul out (I), bf16
         return weights + act + routed
 
     def shape(self) -> str:
+        weights = f" w={self.weight_dtype}" if self.weight_dtype else ""
         return (
             f"{self.tokens} tok E={self.num_experts} top{self.top_k} h={self.hidden} i={self.intermediate} "
-            f"active={self.active_experts()}"
+            f"active={self.active_experts()}{weights}"
         )
 
 

@@ -10,14 +10,19 @@ import numpy as np
 from servesim.errors import ServesimError
 
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss")
 #: Architectures whose ``intermediate_size`` is each expert's width, every layer being MoE.
-_ALL_MOE_TYPES = ("mixtral", "minimax_m2")
+_ALL_MOE_TYPES = ("mixtral", "minimax_m2", "gpt_oss")
 #: Per-head RMSNorm of Q and K over ``head_dim`` (Qwen3).
 _HEAD_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+#: Attention with a learned per-head sink logit, biased QKV and output projections, and biased experts and router
+#: (gpt-oss; vllm/model_executor/models/gpt_oss.py).
+_SINK_TYPES = ("gpt_oss",)
 #: A router kept in FP32 (MiniMax-M2: ``ReplicatedLinear(..., params_dtype=torch.float32)`` in vLLM's
 #: minimax_m2.py).
 _FP32_ROUTER_TYPES = ("minimax_m2",)
+#: The per-layer attention kinds a config's ``layer_types`` may list (Hugging Face's names).
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -25,9 +30,11 @@ class ModelConfig:
     """The figures of a decoder-only transformer that decide its memory and its kernels.
 
     MoE fields are zero for dense models. ``moe_layer_indices`` lists the layers whose MLP is the sparse MoE block
-    (all of them for Mixtral, Qwen3-MoE and MiniMax-M2 as released). ``checkpoint_quant`` is the weight format the
-    checkpoint ships (its ``quantization_config``: ``""`` unquantised, ``fp8``, ``fp8-block``, or the method's own
-    name for formats servesim does not model). docs/models.md maps each family's config keys to these fields.
+    (all of them for Mixtral, Qwen3-MoE, MiniMax-M2 and gpt-oss as released). ``sliding_layer_indices`` lists the
+    layers whose attention sees only the last ``sliding_window`` tokens (gpt-oss's even layers); the others attend
+    to the whole context. ``checkpoint_quant`` is the weight format the checkpoint ships (its ``quantization_config``:
+    ``""`` unquantised, ``fp8``, ``fp8-block``, ``mxfp4``, or the method's own name for formats servesim does not
+    model). docs/models.md maps each family's config keys to these fields.
     """
 
     name: str
@@ -42,7 +49,7 @@ class ModelConfig:
     vocab_size: int
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # bias on the Q, K and V projections (Qwen2)
+    attention_bias: bool  # bias on the Q, K and V projections (Qwen2, gpt-oss)
     qk_norm: str  # "" none; "head": RMSNorm of each head of Q and K (Qwen3); "layer": of all of Q, all of K (MiniMax)
     rope_theta: float
     rms_norm_eps: float
@@ -52,7 +59,12 @@ class ModelConfig:
     norm_topk_prob: bool = False
     moe_layer_indices: tuple[int, ...] = ()
     rotary_dim: int = 0  # head dimensions the rotary embedding turns; 0: all of head_dim
+    o_proj_bias: bool = False  # bias on the output projection (gpt-oss)
+    attention_sinks: bool = False  # a learned FP32 logit per head in every softmax (gpt-oss)
+    moe_bias: bool = False  # biases on the router and every expert's projections (gpt-oss)
     router_dtype: str = "bf16"  # the router's weights (FP32 for MiniMax-M2)
+    sliding_window: int = 0  # keys a sliding layer's query sees, itself included
+    sliding_layer_indices: tuple[int, ...] = ()
     checkpoint_quant: str = ""
 
     @property
@@ -63,6 +75,21 @@ class ModelConfig:
     def rope_dim(self) -> int:
         """Dimensions of each head the rotary embedding turns (partial rotary: fewer than ``head_dim``)."""
         return self.rotary_dim or self.head_dim
+
+    def is_sliding_layer(self, layer: int) -> bool:
+        return layer in self.sliding_layer_indices
+
+    def attention_window(self, layer: int) -> int:
+        """Keys a query of ``layer`` sees at most, itself included; 0 for a full-attention layer."""
+        return self.sliding_window if self.is_sliding_layer(layer) else 0
+
+    @property
+    def attention_cycle_layers(self) -> int:
+        """The fewest layers after which the layers' attention kinds (full or sliding) repeat: 1 when every layer
+        attends alike, 2 for gpt-oss's alternation. One cycle's attention over its length is a layer's mean."""
+        kinds = [self.is_sliding_layer(i) for i in range(self.num_layers)]
+        return next(p for p in range(1, self.num_layers + 1)
+                    if all(kinds[i] == kinds[i % p] for i in range(self.num_layers)))
 
     @property
     def q_size(self) -> int:
@@ -84,6 +111,10 @@ class ModelConfig:
         params = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
         if self.attention_bias:
             params += self.q_size + 2 * self.kv_size
+        if self.o_proj_bias:
+            params += self.hidden_size
+        if self.attention_sinks:
+            params += self.num_attention_heads
         return params + self.qk_norm_params()
 
     def dense_mlp_params(self) -> int:
@@ -93,9 +124,15 @@ class ModelConfig:
         """Weights of one expert's gate, up and down projections (no biases)."""
         return 3 * self.hidden_size * self.moe_intermediate_size
 
+    def moe_bias_params(self) -> int:
+        """Biases of one MoE layer: the router's, and each expert's on gate/up and down (gpt-oss); 0 without."""
+        if not self.moe_bias:
+            return 0
+        return self.num_experts * (1 + 2 * self.moe_intermediate_size + self.hidden_size)
+
     def moe_mlp_params(self) -> int:
         router = self.hidden_size * self.num_experts
-        return self.num_experts * self.expert_params() + router
+        return self.num_experts * self.expert_params() + router + self.moe_bias_params()
 
     def layer_params(self, layer: int) -> int:
         mlp = self.moe_mlp_params() if self.is_moe_layer(layer) else self.dense_mlp_params()
@@ -118,7 +155,8 @@ class ModelConfig:
         return total - len(self.moe_layer_indices) * inactive_experts * self.expert_params()
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
-        """KV-cache bytes one token occupies across the whole model (K and V, every layer)."""
+        """KV-cache bytes one token occupies across the whole model (K and V, every layer). Sliding-window layers
+        keep only their window's tokens, so a long context costs less (servesim/models/memory.py)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
 
@@ -188,10 +226,13 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
             step = int(cfg.get("decoder_sparse_step", 1) or 1)
             dense_only = set(cfg.get("mlp_only_layers") or [])
             moe_layers = tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+    top_k = int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0)) if num_experts else 0
+    sliding_layers, window = _sliding_layers(cfg, layers, source)
     rotary_dim = int(_first(cfg, "rotary_dim", default=0))
     if not 0 <= rotary_dim <= head_dim or rotary_dim % 2:
         raise ServesimError(f"model config {source!r}: rotary_dim {rotary_dim} must be an even number of at most "
                             f"head_dim {head_dim}")
+    sinks = model_type in _SINK_TYPES
 
     return ModelConfig(
         name=name,
@@ -211,12 +252,17 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         num_experts=num_experts,
-        num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0)) if num_experts else 0,
+        num_experts_per_tok=top_k,
         moe_intermediate_size=moe_intermediate,
         norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type in _ALL_MOE_TYPES)) if num_experts else False,
         moe_layer_indices=moe_layers,
         rotary_dim=rotary_dim if rotary_dim != head_dim else 0,
+        o_proj_bias=sinks,
+        attention_sinks=sinks,
+        moe_bias=sinks and num_experts > 0,
         router_dtype="fp32" if model_type in _FP32_ROUTER_TYPES else "bf16",
+        sliding_window=window,
+        sliding_layer_indices=sliding_layers,
         checkpoint_quant=checkpoint_quant(cfg.get("quantization_config")),
     )
 
@@ -231,9 +277,28 @@ def _qk_norm(cfg: Mapping[str, Any], model_type: str) -> str:
     return "layer" if cfg.get("qk_norm_type", "per_layer") == "per_layer" else "head"
 
 
+def _sliding_layers(cfg: Mapping[str, Any], layers: int, source: str) -> tuple[tuple[int, ...], int]:
+    """The sliding-window layers and their window, from ``layer_types`` (Hugging Face's per-layer attention kinds,
+    as gpt-oss's config.json gives them). A config without ``layer_types`` attends fully in every layer: servesim
+    does not read ``sliding_window`` alone (Qwen2 configs carry one with ``use_sliding_window`` false)."""
+    kinds = cfg.get("layer_types")
+    if not kinds:
+        return (), 0
+    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in _LAYER_TYPES for k in kinds):
+        raise ServesimError(f"model config {source!r}: layer_types must list one of {', '.join(_LAYER_TYPES)} for "
+                            f"each of the {layers} layers")
+    sliding = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
+    if not sliding:
+        return (), 0
+    if len(sliding) == layers:
+        raise ServesimError(f"model config {source!r}: every layer is sliding_attention; servesim's KV accounting "
+                            f"needs at least one full_attention layer")
+    return sliding, _count(cfg.get("sliding_window"), "sliding_window", source)
+
+
 def checkpoint_quant(quantization_config: Any) -> str:
     """The weight format a ``quantization_config`` declares: ``""`` none, ``fp8`` (per-tensor scales),
-    ``fp8-block`` (``weight_block_size`` given), else the ``quant_method`` itself."""
+    ``fp8-block`` (``weight_block_size`` given), ``mxfp4``, else the ``quant_method`` itself."""
     if not isinstance(quantization_config, Mapping):
         return ""
     method = str(quantization_config.get("quant_method", ""))

@@ -26,8 +26,10 @@ STORAGE_DTYPES = ("bf16", "fp16", "fp8")
 
 #: Weight formats -> (dtype of the attention and dense-MLP linears, dtype of the routed experts). Norms, biases,
 #: embeddings and the LM head stay 16-bit in all of them; the router too, unless the model keeps it in FP32.
+#: gpt-oss's MXFP4 checkpoint quantises the experts alone (its ``modules_to_not_convert``: attention, router,
+#: embeddings, LM head).
 WEIGHT_FORMATS: dict[str, tuple[str, str]] = {
-    "bf16": ("bf16", "bf16"), "fp16": ("fp16", "fp16"), "fp8": ("fp8", "fp8"),
+    "bf16": ("bf16", "bf16"), "fp16": ("fp16", "fp16"), "fp8": ("fp8", "fp8"), "mxfp4": ("bf16", "mxfp4"),
 }
 
 GIB = 2**30
@@ -42,8 +44,8 @@ def dtype_bytes(dtype: str) -> int:
 def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_dtype: str = "bf16") -> float:
     """Weight bytes of one layer on one GPU in the format ``weight_dtype`` (:data:`WEIGHT_FORMATS`).
 
-    Linear weights are sharded by TP (KV heads replicated beyond their count); norms and the router are whole on
-    every GPU.
+    Linear weights are sharded by TP (KV heads replicated beyond their count); norms, the router and the output
+    projection's and down projections' biases are whole on every GPU.
     """
     if weight_dtype not in WEIGHT_FORMATS:
         raise ServesimError(f"unknown weight format {weight_dtype!r}; use one of {', '.join(WEIGHT_FORMATS)}")
@@ -55,12 +57,16 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
     other = 2 * hidden + {"": 0, "head": 2 * head_dim, "layer": q_per_gpu + kv_per_gpu}[model.qk_norm]
     if model.attention_bias:
         other += q_per_gpu + 2 * kv_per_gpu
-    other_bytes = other * 2
+    if model.o_proj_bias:
+        other += hidden
+    other_bytes = other * 2 + (4 * model.num_attention_heads / tp if model.attention_sinks else 0)  # FP32 sinks
     experts = 0.0
     if model.is_moe_layer(layer):
         inter = model.moe_intermediate_size / tp
         experts = model.num_experts * 3 * hidden * inter
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype]
+        if model.moe_bias:
+            other_bytes += model.num_experts * (1 + 2 * inter + hidden) * 2
     else:
         linear += 3 * hidden * model.intermediate_size / tp
     return linear * DTYPE_BYTES[linear_dtype] + experts * DTYPE_BYTES[expert_dtype] + other_bytes
@@ -81,10 +87,32 @@ def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weigh
     return total
 
 
-def kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int, kv_dtype: str = "bf16") -> float:
-    """KV-cache bytes one token takes on one GPU of ``stage`` (K and V of that stage's layers)."""
-    layers = stage_layer_counts(model.num_layers, par.pp)[stage]
+def _kv_bytes_per_token_of_layers(model: ModelConfig, par: Parallelism, layers: int, kv_dtype: str) -> float:
     return 2 * layers * kv_heads_per_gpu(model, par.tp) * model.head_dim * dtype_bytes(kv_dtype)
+
+
+def kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int, kv_dtype: str = "bf16") -> float:
+    """KV-cache bytes one token takes on one GPU of ``stage`` in the layers that keep every token (K and V of that
+    stage's full-attention layers)."""
+    layers = stage_layers(model.num_layers, par.pp, stage)
+    full = sum(1 for layer in layers if not model.is_sliding_layer(layer))
+    return _kv_bytes_per_token_of_layers(model, par, full, kv_dtype)
+
+
+def window_kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int,
+                                      kv_dtype: str = "bf16") -> float:
+    """KV-cache bytes one token of a request's window takes on one GPU of ``stage`` in its sliding-window layers."""
+    layers = stage_layers(model.num_layers, par.pp, stage)
+    sliding = sum(1 for layer in layers if model.is_sliding_layer(layer))
+    return _kv_bytes_per_token_of_layers(model, par, sliding, kv_dtype)
+
+
+def window_blocks(sliding_window: int, block_size: int) -> int:
+    """Blocks a request holds at most in a sliding-window layer: vLLM's sliding-window KV manager frees every block
+    whose tokens all fell out of the window, so the last ``window - 1`` tokens and the newest one span at most
+    ``ceil((window - 1) / block_size) + 1`` blocks (vllm/v1/core/single_type_kv_cache_manager.py,
+    ``SlidingWindowManager``)."""
+    return -(-(sliding_window - 1) // block_size) + 1 if sliding_window else 0
 
 
 @dataclass(frozen=True)
@@ -102,37 +130,57 @@ class MemoryReserve:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Per-GPU memory of the most loaded pipeline stage, and the KV capacity it leaves."""
+    """Per-GPU memory of the most loaded pipeline stage, and the KV capacity it leaves.
+
+    The pool is counted in tokens of the layers that keep every token (``kv_bytes_per_token``). A model with
+    sliding-window layers also keeps, per request, at most ``window_blocks`` blocks of its window in those layers
+    (``window_kv_bytes_per_token`` a token), from the same pool as vLLM's hybrid KV manager allocates them:
+    :meth:`request_kv_tokens` and :meth:`max_sequences` count them; the serving simulator's schedulers charge each
+    request its context alone (docs/models.md, "gpt-oss").
+    """
 
     gpu_memory_bytes: float
     memory_fraction: float
     weight_bytes: float
     reserve: MemoryReserve
-    kv_bytes_per_token: float  # per GPU
+    kv_bytes_per_token: float  # per GPU, in the layers that keep every token
     kv_cache_bytes: float  # per GPU; negative when the model does not fit
     block_size: int
+    window_kv_bytes_per_token: float = 0.0  # per GPU, in the sliding-window layers
+    window_blocks: int = 0  # blocks of a request's window those layers keep at most
+
+    @property
+    def _block_bytes(self) -> float:
+        """One block in every layer: the least a request takes."""
+        return (self.kv_bytes_per_token + self.window_kv_bytes_per_token) * self.block_size
 
     @property
     def fits(self) -> bool:
-        return self.kv_cache_bytes >= self.kv_bytes_per_token * self.block_size
+        return self.kv_cache_bytes >= self._block_bytes
 
     @property
     def kv_tokens(self) -> int:
-        """Tokens the KV cache holds, in whole blocks."""
+        """Tokens the KV cache holds, in whole blocks, in the layers that keep every token."""
         if not self.fits:
             return 0
         blocks = int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size))
         return blocks * self.block_size
 
+    def request_kv_tokens(self, context_tokens: int) -> float:
+        """Pool tokens one request of ``context_tokens`` takes: its whole blocks, plus in the sliding-window layers
+        the blocks of its window at their bytes' share of a pool token."""
+        blocks = -(-context_tokens // self.block_size)
+        window_share = self.window_kv_bytes_per_token / self.kv_bytes_per_token
+        return blocks * self.block_size + min(blocks, self.window_blocks) * self.block_size * window_share
+
     def max_sequences(self, context_tokens: int) -> int:
-        """Sequences of ``context_tokens`` whose KV fits at once (each takes whole blocks)."""
-        blocks_per_seq = -(-context_tokens // self.block_size)
-        return self.kv_tokens // (blocks_per_seq * self.block_size)
+        """Sequences of ``context_tokens`` whose KV fits at once (:meth:`request_kv_tokens` each)."""
+        return int(self.kv_tokens // self.request_kv_tokens(context_tokens))
 
     @property
     def needed_bytes(self) -> float:
         """Memory the engine needs on this GPU for weights, reserves and one KV block."""
-        return self.weight_bytes + self.reserve.total_bytes + self.kv_bytes_per_token * self.block_size
+        return self.weight_bytes + self.reserve.total_bytes + self._block_bytes
 
 
 def plan_memory(
@@ -152,8 +200,11 @@ def plan_memory(
     budget = gpu_memory_bytes * memory_fraction - reserve.total_bytes
     plans = []
     for stage in range(par.pp):
-        weights = weight_bytes_per_gpu(model, par, stage, weight_dtype)
         per_token = kv_bytes_per_token_per_gpu(model, par, stage, kv_dtype)
+        if not per_token:
+            raise ServesimError(f"pipeline stage {stage} of {par} holds only sliding-window layers of {model.name}; "
+                                f"servesim counts KV in full-attention layers, so give each stage one (fewer stages)")
+        weights = weight_bytes_per_gpu(model, par, stage, weight_dtype)
         plans.append(
             MemoryPlan(
                 gpu_memory_bytes=gpu_memory_bytes,
@@ -163,6 +214,8 @@ def plan_memory(
                 kv_bytes_per_token=per_token,
                 kv_cache_bytes=budget - weights,
                 block_size=block_size,
+                window_kv_bytes_per_token=window_kv_bytes_per_token_per_gpu(model, par, stage, kv_dtype),
+                window_blocks=window_blocks(model.sliding_window, block_size),
             )
         )
     return min(plans, key=lambda p: p.kv_cache_bytes / p.kv_bytes_per_token)

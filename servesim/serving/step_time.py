@@ -245,7 +245,8 @@ class StepTimeModel:
                     # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager
                     # step): it pays the launch floor.
                     kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
-                known[batch] = (float(kernel_us.sum()), len(batch_kernels))
+                known[batch] = (float(kernel_us.sum()) / self.model.attention_cycle_layers,
+                                len(batch_kernels) // self.model.attention_cycle_layers)
         return [known[batch] for batch in batches]
 
     def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: int,

@@ -33,8 +33,10 @@ SILICON_ENGINES = tuple(ENGINES)
 #: the file's other replayable rows (the Qwen3-235B-A22B MoE) are reported beside them.
 BAR_PRESETS = ("llama3.1-8b", "llama3.1-70b", "qwen3-32b")
 
-#: silicon_sample ``gemm_quant`` -> servesim weight format; a missing value is an unquantised BF16 checkpoint.
-_GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block"}
+#: silicon_sample ``gemm_quant`` -> servesim weight format; a missing value is an unquantised BF16 checkpoint. The file
+#: labels gpt-oss's MXFP4 checkpoint ``nvfp4`` (its Hopper runs too, which have no FP4 Tensor cores); other models'
+#: ``nvfp4`` rows are NVFP4 checkpoints, which the expansion refuses as not MXFP4, and are reported skipped.
+_GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block", "nvfp4": "mxfp4"}
 
 
 @dataclass(frozen=True)

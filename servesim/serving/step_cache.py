@@ -234,15 +234,19 @@ def _weight(value: float, bounds: tuple[int, int]) -> float:
 
 def _bilinear(at: Callable[[Any, Any], tuple[float, ...]], x_bounds: tuple, x_weight: float, y_bounds: tuple,
               y_weight: float) -> tuple[float, ...]:
-    """``at`` interpolated bilinearly between the corners of ``x_bounds`` × ``y_bounds`` (a corner is only asked
-    for when its weight is not 0)."""
-    def along_x(y: Any) -> tuple[float, ...]:
-        low = at(x_bounds[0], y)
-        return _lerp(low, at(x_bounds[1], y), x_weight) if x_weight else low
-
-    low = along_x(y_bounds[0])
-    return _lerp(low, along_x(y_bounds[1]), y_weight) if y_weight else low
+    """``at`` interpolated bilinearly between the corners of ``x_bounds`` × ``y_bounds``, first along x (a corner
+    is only asked for when its weight is not 0)."""
+    (x_low, x_high), (y_low, y_high) = x_bounds, y_bounds
+    low = at(x_low, y_low)
+    if x_weight:
+        low = _lerp(low, at(x_high, y_low), x_weight)
+    if not y_weight:
+        return low
+    high = at(x_low, y_high)
+    if x_weight:
+        high = _lerp(high, at(x_high, y_high), x_weight)
+    return _lerp(low, high, y_weight)
 
 
 def _lerp(low: tuple[float, ...], high: tuple[float, ...], weight: float) -> tuple[float, ...]:
-    return tuple(a + weight * (b - a) for a, b in zip(low, high))
+    return tuple([a + weight * (b - a) for a, b in zip(low, high)])

@@ -110,6 +110,9 @@ class StepTimeModel:
         self._stage_alike = _alike_stages(model, par.pp)
         self._kernel_us: dict[Kernel, float] = {}
         self._collective_us: dict[tuple[Collective, bool], float] = {}
+        #: The CUDA-graph mode (none, piecewise or full) of a step of some tokens, decode only or not, and the
+        #: tokens its dense kernels see (padded to a captured size in a graph); a mixed step asks for several.
+        self.graph_plan = functools.lru_cache(maxsize=65536)(self._graph_plan)
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
         #: Each stage's time outside attention, µs, by (tokens, requests, decode only) (:meth:`rest_time_us`).
         self.rest_times: dict[tuple[int, int, bool], tuple[float, ...]] = {}
@@ -169,9 +172,7 @@ class StepTimeModel:
             )
         return self._collective_us[key]
 
-    def graph_plan(self, num_tokens: int, decode_only: bool) -> GraphPlan:
-        """The CUDA-graph mode (none, piecewise or full) of a step of ``num_tokens`` tokens, and the tokens its
-        dense kernels see (padded to a captured size in a graph)."""
+    def _graph_plan(self, num_tokens: int, decode_only: bool) -> GraphPlan:
         return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp)
 
     def _rest_time_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:

@@ -29,7 +29,7 @@ from servesim.planner.search import (
     step_model,
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
-from servesim.planner.step_store import load_memos, save_memos
+from servesim.planner.step_store import load_memos, memo_entries, save_memos
 from servesim.serving.deployment import Deployment, build_deployment
 from servesim.serving.engines import Release, parse_engine
 from servesim.serving.step_time import StepTimeModel
@@ -240,7 +240,8 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
     """:func:`search_capacity` of each task in turn. Options of one GPU and TP launch the same kernels in every
     layer and the same attention kernels for many of their batches: their step-time models share those times
     (``StepTimeModel(shares_with=...)``), so the second and later options of a process time only the batches the
-    first did not meet, besides their own pipeline stages' times."""
+    first did not meet, besides their own pipeline stages' times. Each model also starts from the step times earlier
+    plans kept for its deployment, and keeps those it added (servesim/planner/step_store.py)."""
     first: dict[tuple, StepTimeModel] = {}
     results = []
     for task in tasks:
@@ -249,8 +250,10 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
         load_memos(steps)
+        known = memo_entries(steps)
         results.append(search_capacity(task, steps))
-        save_memos(steps)
+        if memo_entries(steps) > known:
+            save_memos(steps)
     return results
 
 

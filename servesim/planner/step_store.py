@@ -92,6 +92,11 @@ def load_memos(steps: StepTimeModel) -> None:
         getattr(steps, name).update(memos.get(name, {}))
 
 
+def memo_entries(steps: StepTimeModel) -> int:
+    """How many entries the kept memos of ``steps`` hold: a search that added none has nothing to store."""
+    return sum(len(getattr(steps, name)) for name in MEMOS)
+
+
 def save_memos(steps: StepTimeModel) -> None:
     """Store ``steps``'s memos with those already stored for its deployment (another process may have added some
     since this one loaded them), replacing the file in one step."""

@@ -39,7 +39,7 @@ def _engine_options(func):
         click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size."),
         click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline stages."),
         engine_option,
-        click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 or fp8-block."),
+        click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8, fp8-block or mxfp4."),
         estimator_option,
         click.option("--max-num-seqs", type=DIMENSION, default=None,
                      help="vLLM max_num_seqs / SGLang max_running_requests [default: the engine's]."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -305,8 +306,28 @@ def test_step_log_keeps_launch_order_across_single_rows_and_fast_forwarded_block
     log.extend(block)
     log.extend(block[:0])  # a run that relaunched nothing
     log.append((1, 3.0, 4.0, 1, 1, 0, 1, 16))
-    rows = log.rows()
+    rows = np.stack([log.column(name) for name in STEP_LOG_COLUMNS], axis=1)
     assert rows.shape == (4, len(STEP_LOG_COLUMNS))
-    assert rows[:, STEP_LOG_COLUMNS.index("start_s")].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert log.column("start_s").tolist() == [0.0, 1.0, 2.0, 3.0]
     assert rows[0].tolist() == list(row) and rows[1:3].tolist() == block.tolist()
-    assert StepLog().rows().shape == (0, len(STEP_LOG_COLUMNS))
+    assert StepLog().column("kv_used_tokens").shape == (0,)
+
+
+def test_simulate_shows_progress_only_on_a_terminal_for_long_runs(monkeypatch):
+    from servesim.cli import serving
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(serving.sys, "stderr", terminal)
+    with serving._progress(serving.PROGRESS_MIN_REQUESTS - 1) as progress:
+        assert progress is None
+    with serving._progress(serving.PROGRESS_MIN_REQUESTS) as progress:
+        progress(100)
+        progress(serving.PROGRESS_MIN_REQUESTS)
+    assert "simulating" in terminal.getvalue() and f"{serving.PROGRESS_MIN_REQUESTS}/" in terminal.getvalue()
+    monkeypatch.setattr(serving.sys, "stderr", io.StringIO())
+    with serving._progress(serving.PROGRESS_MIN_REQUESTS) as progress:
+        assert progress is None

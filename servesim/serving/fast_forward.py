@@ -239,9 +239,9 @@ def _commit(batch: RelaunchBatch, scheduler) -> None:
     done = len(batch.times_s)
     step = batch.step
     requests = step.requests
+    times_s = np.array(batch.times_s)
     for req in requests:
-        start = req.token_base + req.generated
-        req.token_times_s[start:start + done] = batch.times_s
+        req.token_times_s[req.generated:req.generated + done] = times_s
         req.computed += done
         req.generated += done
     scheduler.commit_decodes(requests, done)

@@ -11,11 +11,16 @@ Definitions follow ``vllm bench serve`` (and SGLang's ``bench_serving``, which u
   more tokens weighs more). Its mean is the token-weighted TPOT.
 - E2E: send to last token. Duration: first send to last completion; throughputs divide by it.
 - Goodput: completed requests per second that meet every given SLO (``ttft_ms``, ``tpot_ms``, ``e2e_ms``).
+
+Every token's time is kept only for runs of at most :data:`TOKEN_TIMES_MAX_TOKENS` output tokens (or when the
+caller asks for them); a larger run keeps the gaps between tokens counted by value (:class:`GapCounts`), which
+gives the same ITL percentiles and the mean up to float rounding in a few megabytes instead of 8 bytes a token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -26,6 +31,51 @@ from servesim.errors import ServesimError
 
 PERCENTILES = (50, 90, 99)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+#: Runs of up to this many output tokens keep every token's time by default (8 bytes a token, so 32 MB here).
+TOKEN_TIMES_MAX_TOKENS = 4_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class GapCounts:
+    """Inter-token gaps counted by value: ``counts[i]`` gaps of exactly ``values_s[i]`` seconds, values ascending.
+
+    This is the whole multiset of gaps, so its order statistics are exact and :meth:`aggregate_ms` gives the
+    percentiles ``np.percentile`` gives of the full gap array (the same interpolation, see
+    :func:`counted_percentiles`) and the mean up to float rounding (an exactly rounded sum; numpy's pairwise sum of
+    the full array differs from it by about 1e-16 relative, far below 1e-12). It stays small because every token is
+    sampled at the end of a step, so a gap is the difference of two step end times: there are at most about as many
+    distinct values as steps, not as tokens.
+    """
+
+    values_s: np.ndarray
+    counts: np.ndarray
+
+    def aggregate_ms(self, name: str) -> dict[str, float]:
+        """What :func:`_aggregate` gives of the full gap array in ms: ``{stem}_mean_ms`` and the percentiles."""
+        stem = name.removesuffix("_ms")
+        total = int(self.counts.sum())
+        if not total:
+            return {f"{stem}_{k}_ms": float("nan") for k in ("mean", *(f"p{p}" for p in PERCENTILES))}
+        values_ms = self.values_s * 1e3  # as _aggregate scales each gap
+        out = {f"{stem}_mean_ms": math.fsum((values_ms * self.counts).tolist()) / total}
+        for p, v in zip(PERCENTILES, counted_percentiles(values_ms, self.counts, PERCENTILES)):
+            out[f"{stem}_p{p}_ms"] = float(v)
+        return out
+
+
+def counted_percentiles(values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]) -> np.ndarray:
+    """``np.percentile`` (default linear method) of the array holding ``counts[i]`` copies of ``values[i]`` (values
+    ascending, counts positive), without making it: the two order statistics around ``(n − 1) · p / 100`` and
+    numpy's interpolation between them, which starts from the nearer one."""
+    total = int(counts.sum())
+    virtual = (total - 1) * (np.asarray(percentiles, dtype=np.float64) / 100)
+    lower = np.floor(virtual).astype(np.int64)
+    ends = np.cumsum(counts)  # one past the sorted position of each value's last copy
+    below = values[np.searchsorted(ends, lower, side="right")]
+    above = values[np.searchsorted(ends, np.minimum(lower + 1, total - 1), side="right")]
+    gamma = virtual - lower
+    diff = above - below
+    return np.where(gamma >= 0.5, above - diff * (1 - gamma), below + diff * gamma)
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,8 +95,10 @@ class StepRecord:
 
 @dataclass(frozen=True, eq=False)
 class SimulationResult:
-    """Outcome of one simulated run. Times are seconds from the first arrival; token times are stored flat, request
-    ``i``'s tokens being ``token_times_s[token_offsets[i]:token_offsets[i + 1]]``."""
+    """Outcome of one simulated run. Times are seconds from the first arrival. Token times, when the run kept them
+    (see :data:`TOKEN_TIMES_MAX_TOKENS`), are stored flat, request ``i``'s tokens being
+    ``token_times_s[token_offsets[i]:token_offsets[i + 1]]``; otherwise ``token_times_s`` is None and ``itl_counts``
+    holds the gaps between them."""
 
     issue_s: np.ndarray  # when the client sent the request
     prompt_tokens: np.ndarray
@@ -58,9 +110,10 @@ class SimulationResult:
     preemptions: np.ndarray
     cached_tokens: np.ndarray  # prompt tokens served from the prefix cache at the request's (last) admission
     token_offsets: np.ndarray
-    token_times_s: np.ndarray
+    token_times_s: np.ndarray | None
     steps: StepRecord
     info: Mapping[str, Any] = field(default_factory=dict)  # what was simulated: model, GPU, engine knobs, ...
+    itl_counts: GapCounts | None = None  # the inter-token gaps of a run without token times
 
     def __len__(self) -> int:
         return len(self.issue_s)
@@ -83,8 +136,16 @@ class SimulationResult:
     @cached_property
     def itl_s(self) -> np.ndarray:
         """All inter-token gaps, pooled (gaps across request boundaries removed)."""
-        gaps = np.diff(self.token_times_s)
+        gaps = np.diff(self._token_times_s())
         return np.delete(gaps, self.token_offsets[1:-1] - 1)
+
+    def _token_times_s(self) -> np.ndarray:
+        if self.token_times_s is None:
+            raise ServesimError(
+                f"this run kept no per-token times (the default above {TOKEN_TIMES_MAX_TOKENS:,} output tokens; it "
+                f"had {int(self.token_offsets[-1]):,}); summary() has its ITL mean and percentiles; for the gaps "
+                f"themselves simulate it with token_times=True")
+        return self.token_times_s
 
     @cached_property
     def requests(self):
@@ -108,7 +169,7 @@ class SimulationResult:
 
     def request_itl_ms(self, request_id: int) -> np.ndarray:
         """The inter-token latencies of one request, ms."""
-        times = self.token_times_s[self.token_offsets[request_id]:self.token_offsets[request_id + 1]]
+        times = self._token_times_s()[self.token_offsets[request_id]:self.token_offsets[request_id + 1]]
         return np.diff(times) * 1e3
 
     @cached_property
@@ -130,9 +191,11 @@ class SimulationResult:
         }
         queue = self.first_scheduled_s - self.issue_s
         for name, values in (("queue_ms", queue), ("ttft_ms", self.ttft_s), ("tpot_ms", self.tpot_s),
-                             ("tpot_incl_ms", self.e2e_s / self.output_tokens), ("itl_ms", self.itl_s),
-                             ("e2e_ms", self.e2e_s)):
+                             ("tpot_incl_ms", self.e2e_s / self.output_tokens)):
             out.update(_aggregate(name, values * 1e3))
+        out.update(_aggregate("itl_ms", self.itl_s * 1e3) if self.token_times_s is not None
+                   else self.itl_counts.aggregate_ms("itl_ms"))
+        out.update(_aggregate("e2e_ms", self.e2e_s * 1e3))
         out.update({
             "preemptions": int(self.preemptions.sum()),
             "prefix_cache_hit_ratio": float(self.cached_tokens.sum() / self.prompt_tokens.sum())

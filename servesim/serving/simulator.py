@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -24,10 +24,10 @@ from servesim.errors import ServesimError
 from servesim.models.config import check_context
 from servesim.serving.deployment import Deployment
 from servesim.serving.fast_forward import RelaunchBatch, fast_forward
-from servesim.serving.metrics import SimulationResult, StepRecord
+from servesim.serving.metrics import TOKEN_TIMES_MAX_TOKENS, SimulationResult, StepRecord
 from servesim.serving.router import make_router
 from servesim.serving.scheduler import Scheduler
-from servesim.serving.state import STEP_LOG_COLUMNS, RequestState, Step, StepLog, finish_step
+from servesim.serving.state import RequestLog, RequestState, Step, StepLog, finish_step
 from servesim.serving.step_cache import step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
@@ -150,6 +150,8 @@ def simulate(
     seed: int = 0,
     fast_forward_decodes: bool = True,
     stop_rules: Sequence[StopRule] = (),
+    token_times: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> SimulationResult:
     """Serve ``workload`` with ``replicas`` copies of ``deployment`` behind ``router``.
 
@@ -158,6 +160,13 @@ def simulate(
     ``seed`` drives the random router; everything else is deterministic. ``fast_forward_decodes=False`` takes
     every engine step through the scheduler, which is slower and gives the same result. With ``stop_rules`` the
     run raises :class:`servesim.serving.stop.StoppedEarly` as soon as one of them is known to break.
+
+    ``token_times`` keeps every output token's time in the result (``token_times_s``, ``itl_s``,
+    ``request_itl_ms``); None keeps them when the workload has at most
+    :data:`~servesim.serving.metrics.TOKEN_TIMES_MAX_TOKENS` output tokens. Without them the result counts the
+    inter-token gaps instead, which gives the same ITL statistics (:class:`~servesim.serving.metrics.GapCounts`)
+    in memory that does not grow with the tokens. ``progress`` is called with the number of requests finished
+    so far, about every 1 % of the workload.
     """
     if replicas < 1:
         raise ServesimError(f"replicas must be at least 1 (got {replicas})")
@@ -177,8 +186,11 @@ def simulate(
         )
     fleet = [_Replica(i, deployment.make_scheduler(), step_model, cfg.async_scheduling) for i in range(replicas)]
     _check_fits(fleet[0].scheduler, workload)
-    states, replica_of, log = _run(fleet, workload, make_router(router, seed), fast_forward_decodes,
-                                   ViolationCounter(stop_rules) if stop_rules else None)
+    if token_times is None:
+        token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
+    requests = RequestLog(workload.output_tokens, token_times)
+    steps = _run(fleet, workload, requests, make_router(router, seed), fast_forward_decodes,
+                 ViolationCounter(stop_rules) if stop_rules else None, progress)
     info = {
         "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": cfg.engine,
         "engine_version": cfg.version, "max_num_batched_tokens": cfg.max_num_batched_tokens,
@@ -188,37 +200,36 @@ def simulate(
         "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
     }
-    return _result(states, replica_of, log, fleet[0].scheduler.kv_capacity_tokens, info)
+    return _result(workload, requests, steps, fleet[0].scheduler.kv_capacity_tokens, info)
 
 
-def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_decodes: bool,
-         violations: ViolationCounter | None) -> tuple[list[RequestState], list[int], StepLog]:
-    """The event loop. Returns every request's final state and replica (in workload order) and the step log.
+def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, route, fast_forward_decodes: bool,
+         violations: ViolationCounter | None, progress: Callable[[int], None] | None) -> StepLog:
+    """The event loop. Records every request in ``requests`` as it finishes; returns the step log.
 
     Arrivals and step completions wait in two heaps; at equal times arrivals come first, and events of one kind
     in the order they were made. A completion whose step a fast-forward replaced is skipped. With API-server costs
     (``HostOverhead.front_end_us``) a request arrives twice: sent by its client, then handed to its replica's
-    engine once the API server is done with it.
+    engine once the API server is done with it. The workload's own sends, in time order, join the arrival heap
+    one at a time (the next one whenever one leaves it), so that the heap holds what is due soon rather than every
+    request of the run; only requests in the system have a :class:`RequestState`.
     """
     n = len(workload)
-    prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
-    arrivals_s = workload.arrival_s.tolist()
+    prompt_tokens, output_tokens, arrivals_s = workload.prompt_tokens, workload.output_tokens, workload.arrival_s
     prefixes = workload.prefixes if fleet[0].scheduler.cache is not None else None
-    token_offsets = np.concatenate([[0], np.cumsum(workload.output_tokens)])
-    token_bases = token_offsets.tolist()
-    token_times_s = np.empty(int(token_offsets[-1]))
-    states: list[RequestState | None] = [None] * n
-    replica_of = [0] * n
+    states: dict[int, RequestState] = {}  # requests sent and not yet finished
     closed = workload.arrival_mode == "closed"
     issued = min(workload.concurrency, n) if closed else n
+    sends = issued  # the workload's sends at its own times: requests 0 .. sends - 1, tie-breaker = request id
     # (time, tie-breaker, request, replica): a client's send (replica -1), or the request reaching that replica's
     # engine from its API server.
-    arrivals = [(arrivals_s[rid], rid, rid, -1) for rid in range(issued)]
+    arrivals = [(float(arrivals_s[0]), 0, 0, -1)] if sends else []
     front_end = fleet[0].step_model.overhead.front_end_us(1) > 0
-    heapq.heapify(arrivals)
     completions: list[tuple[float, int, _Replica, Step]] = []
     seq = issued  # tie-breaker: events of one time and kind in the order they were made
     log = StepLog()
+    report_every = max(1, n // 100)
+    report_at = min(report_every, n)  # progress is reported once this many requests finished, and at the last
 
     def horizon_s(replica: _Replica) -> float:
         """When something outside ``replica`` happens next."""
@@ -235,17 +246,19 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
     try:
         while arrivals or completions:
             if arrivals and (not completions or arrivals[0][0] <= completions[0][0]):
-                now_s, _, rid, at = heapq.heappop(arrivals)
+                now_s, tie, rid, at = heapq.heappop(arrivals)
                 if at < 0:
-                    req = states[rid] = RequestState(rid, prompts[rid], outputs[rid], now_s, token_times_s,
-                                                     token_bases[rid])
+                    if tie + 1 < sends:  # one of the workload's sends (tie-breaker = id): the next takes its place
+                        heapq.heappush(arrivals, (float(arrivals_s[tie + 1]), tie + 1, tie + 1, -1))
+                    prompt = int(prompt_tokens[rid])
+                    req = states[rid] = RequestState(rid, prompt, int(output_tokens[rid]), now_s)
                     if prefixes is not None:
                         req.segment_ids, req.segment_tokens = prefixes.segments(rid)
                         req.output_id = int(prefixes.output_ids[rid])
                     replica = fleet[route([r.scheduler.outstanding() for r in fleet])]
-                    replica_of[rid] = replica.index
+                    requests.replica[rid] = replica.index
                     if front_end:  # it reaches the engine later
-                        heapq.heappush(arrivals, (replica.front_end(now_s, prompts[rid]), seq, rid, replica.index))
+                        heapq.heappush(arrivals, (replica.front_end(now_s, prompt), seq, rid, replica.index))
                         seq += 1
                         replica = None
                 else:
@@ -264,10 +277,15 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
                         violations.step_done(step, finished, now_s)
                     for req in finished:
                         replica.scheduler.release(req)
+                        requests.finish(req)
+                        del states[req.rid]
                         if closed and issued < n:
-                            heapq.heappush(arrivals, (max(now_s, arrivals_s[issued]), seq, issued, -1))
+                            heapq.heappush(arrivals, (max(now_s, float(arrivals_s[issued])), seq, issued, -1))
                             seq += 1
                             issued += 1
+                    if progress is not None and requests.finished >= report_at:
+                        progress(requests.finished)
+                        report_at = min(requests.finished + report_every, n)
                     if replica not in ready:
                         ready.append(replica)
             next_s = min(arrivals[0][0] if arrivals else math.inf, completions[0][0] if completions else math.inf)
@@ -279,42 +297,44 @@ def _run(fleet: Sequence[_Replica], workload: Workload, route, fast_forward_deco
                         push(replica, fast_forward(replica, horizon_s(replica), log))
                 ready.clear()
     except StoppedEarly as stop:
-        kv_used_tokens = log.rows()[:, STEP_LOG_COLUMNS.index("kv_used_tokens")]
+        kv_used_tokens = log.column("kv_used_tokens")
         stop.peak_kv_occupancy = float(kv_used_tokens.max(initial=0)) / fleet[0].scheduler.kv_capacity_tokens
-        stop.preemptions = sum(state.preemptions for state in states if state is not None)
+        stop.preemptions = int(requests.preemptions.sum()) + sum(state.preemptions for state in states.values())
         raise
-    return states, replica_of, log
+    return log
 
 
-def _result(states: list[RequestState], replica_of: list[int], log: StepLog, kv_capacity: int,
+def _result(workload: Workload, requests: RequestLog, log: StepLog, kv_capacity: int,
             info: dict) -> SimulationResult:
-    offsets = np.concatenate([[0], np.cumsum([s.output for s in states], dtype=np.int64)])
-    times = states[0].token_times_s if states else np.array([])  # the run's one buffer, every token written
-    rows = log.rows()
-    columns = rows[np.argsort(rows[:, 0], kind="stable")].T.copy()  # replica by replica, each in launch order
+    order = np.argsort(log.column("replica"), kind="stable")  # replica by replica, each in launch order
+
+    def column(name: str, dtype=np.float64) -> np.ndarray:
+        return log.column(name)[order].astype(dtype, copy=False)
+
     steps = StepRecord(
-        replica=columns[0].astype(np.int64),
-        start_s=columns[1],
-        end_s=columns[2],
-        num_requests=columns[3].astype(np.int64),
-        num_tokens=columns[4].astype(np.int64),
-        prefill_tokens=columns[5].astype(np.int64),
-        num_decodes=columns[6].astype(np.int64),
-        kv_used_tokens=columns[7].astype(np.int64),
+        replica=column("replica", np.int64),
+        start_s=column("start_s"),
+        end_s=column("end_s"),
+        num_requests=column("num_requests", np.int64),
+        num_tokens=column("num_tokens", np.int64),
+        prefill_tokens=column("prefill_tokens", np.int64),
+        num_decodes=column("num_decodes", np.int64),
+        kv_used_tokens=column("kv_used_tokens", np.int64),
         kv_capacity_tokens=kv_capacity,
     )
     return SimulationResult(
-        issue_s=np.array([s.issue_s for s in states]),
-        prompt_tokens=np.array([s.prompt for s in states], dtype=np.int64),
-        output_tokens=np.array([s.output for s in states], dtype=np.int64),
-        replica=np.array(replica_of, dtype=np.int64),
-        first_scheduled_s=np.array([s.first_scheduled_s for s in states]),
-        first_token_s=times[offsets[:-1]] if len(states) else np.array([]),
-        finish_s=times[offsets[1:] - 1] if len(states) else np.array([]),
-        preemptions=np.array([s.preemptions for s in states], dtype=np.int64),
-        cached_tokens=np.array([s.cached_tokens for s in states], dtype=np.int64),
-        token_offsets=offsets,
-        token_times_s=times,
+        issue_s=requests.issue_s,
+        prompt_tokens=workload.prompt_tokens,
+        output_tokens=workload.output_tokens,
+        replica=requests.replica,
+        first_scheduled_s=requests.first_scheduled_s,
+        first_token_s=requests.first_token_s,
+        finish_s=requests.finish_s,
+        preemptions=requests.preemptions,
+        cached_tokens=requests.cached_tokens,
+        token_offsets=requests.token_offsets,
+        token_times_s=requests.token_times_s,
         steps=steps,
         info=info,
+        itl_counts=None if requests.gaps is None else requests.gaps.counts(),
     )

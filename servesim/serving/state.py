@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servesim.kernels.batch import BatchSpec, PrefillChunk
+from servesim.serving.metrics import GapCounts
 
 
 class RequestState:
@@ -22,12 +23,12 @@ class RequestState:
 
     __slots__ = (
         "rid", "prompt", "output", "issue_s", "computed", "generated", "kv_held", "first_scheduled_s",
-        "first_token_s", "token_times_s", "token_base", "preemptions", "in_flight", "segment_ids", "segment_tokens", "output_id", "cache_path",
-        "cached_units", "cached_tokens",
+        "first_token_s", "token_times_s", "preemptions", "in_flight", "segment_ids", "segment_tokens", "output_id",
+        "cache_path", "cached_units", "cached_tokens",
     )
 
-    def __init__(self, rid: int, prompt: int, output: int, issue_s: float, token_times_s: np.ndarray,
-                 token_base: int, segment_ids=None, segment_tokens=None, output_id: int = -1) -> None:
+    def __init__(self, rid: int, prompt: int, output: int, issue_s: float, segment_ids=None, segment_tokens=None,
+                 output_id: int = -1) -> None:
         self.rid = rid
         self.prompt = prompt
         self.output = output
@@ -37,10 +38,10 @@ class RequestState:
         self.kv_held = 0  # KV units held: vLLM blocks, SGLang token slots
         self.first_scheduled_s = -1.0
         self.first_token_s = -1.0
-        # Token k of this request is sampled at token_times_s[token_base + k]: one float64 buffer for every request
-        # of the run (each request's output length is known in advance), not a list of floats per request.
-        self.token_times_s = token_times_s
-        self.token_base = token_base
+        # Token k of this request is sampled at token_times_s[k]: a float64 buffer of its output length (known in
+        # advance), made at its first token, so that a request still waiting holds none; the run's RequestLog takes
+        # what it needs of it when the request finishes.
+        self.token_times_s: np.ndarray | None = None
         self.preemptions = 0
         self.in_flight = False  # part of a micro-batch still in the pipeline
         # Prompt identity (servesim/workloads/prefix.py), None without it; the prefix-cache nodes the request
@@ -104,10 +105,11 @@ def finish_step(step: Step, end_s: float) -> list[RequestState]:
         req.in_flight = False
         req.computed += new
         if req.computed == req.prompt + req.generated:
-            req.token_times_s[req.token_base + req.generated] = end_s
-            req.generated += 1
-            if req.generated == 1:
+            if not req.generated:
                 req.first_token_s = end_s
+                req.token_times_s = np.empty(req.output)
+            req.token_times_s[req.generated] = end_s
+            req.generated += 1
             if req.generated == req.output:
                 finished.append(req)
     return finished
@@ -122,7 +124,7 @@ class StepLog:
     """The simulator's record of every step it launched, in launch order: a row of :data:`STEP_LOG_COLUMNS` per
     step, appended one at a time by the event loop (``append``, a tuple, kept as eight float64s in one flat
     buffer) and as arrays of many rows by fast-forward (:meth:`extend`), so that a decode stretch's steps are never
-    made into tuples."""
+    made into tuples. It is read a column at a time (:meth:`column`)."""
 
     __slots__ = ("_flat", "_blocks", "append")
 
@@ -135,14 +137,104 @@ class StepLog:
         """Rows of many steps, an array of :data:`STEP_LOG_COLUMNS` columns (taken over, not copied)."""
         self._blocks.append((len(self._flat) // len(STEP_LOG_COLUMNS), rows))
 
-    def rows(self) -> np.ndarray:
-        """Every row in launch order, float64 (counts are exact in it)."""
-        width = len(STEP_LOG_COLUMNS)
-        appended = np.frombuffer(self._flat, dtype=np.float64).reshape(-1, width) if self._flat else \
-            np.zeros((0, width))
+    def column(self, name: str) -> np.ndarray:
+        """One column of :data:`STEP_LOG_COLUMNS` over every row, in launch order, float64 (counts are exact in
+        it): a column at a time, so that reading the log takes one column's memory, not a copy of every row."""
+        index, width = STEP_LOG_COLUMNS.index(name), len(STEP_LOG_COLUMNS)
+        appended = np.frombuffer(self._flat, dtype=np.float64)[index::width] if self._flat else np.zeros(0)
         pieces, done = [], 0
         for before, block in self._blocks:
-            pieces += [appended[done:before], block]
+            pieces += [appended[done:before], block[:, index]]
             done = before
         pieces.append(appended[done:])
-        return np.concatenate(pieces) if len(pieces) > 1 else appended.copy()
+        return np.concatenate(pieces)
+
+
+class GapCounter:
+    """Counts the gaps between consecutive tokens of finished requests by exact value (:class:`GapCounts`), in
+    memory that grows with the distinct values, not the tokens: gaps gather in a fixed buffer, which is folded
+    into the sorted counts whenever it fills."""
+
+    __slots__ = ("_pending", "_used", "_values_s", "_counts")
+
+    def __init__(self, buffer_gaps: int = 1 << 21) -> None:
+        self._pending = np.empty(buffer_gaps)  # 16 MB
+        self._used = 0
+        self._values_s = np.zeros(0)
+        self._counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, times_s: np.ndarray) -> None:
+        """One request's token times, in order."""
+        gaps = len(times_s) - 1
+        if self._used + gaps > len(self._pending):
+            self._fold(self._pending[:self._used])
+            self._used = 0
+            if gaps > len(self._pending):
+                self._fold(np.diff(times_s))
+                return
+        np.subtract(times_s[1:], times_s[:-1], out=self._pending[self._used:self._used + gaps])
+        self._used += gaps
+
+    def _fold(self, gaps_s: np.ndarray) -> None:
+        values, counts = np.unique(gaps_s, return_counts=True)
+        self._values_s, self._counts = merge_counts(self._values_s, self._counts, values, counts)
+
+    def counts(self) -> GapCounts:
+        """Every gap added so far."""
+        self._fold(self._pending[:self._used])
+        self._used = 0
+        return GapCounts(self._values_s, self._counts)
+
+
+def merge_counts(values_a: np.ndarray, counts_a: np.ndarray, values_b: np.ndarray,
+                 counts_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two (ascending distinct values, counts) tables as one, in time linear in the first (the running table) and
+    the second's values looked up in it."""
+    at = np.searchsorted(values_a, values_b)
+    known = at < len(values_a)
+    known[known] = values_a[at[known]] == values_b[known]
+    counts = counts_a.copy()
+    counts[at[known]] += counts_b[known]  # values_b are distinct, so are these positions
+    new = ~known
+    return np.insert(values_a, at[new], values_b[new]), np.insert(counts, at[new], counts_b[new])
+
+
+class RequestLog:
+    """What the run keeps of each request once it finishes: its timings, one array per field (request ``rid`` at
+    index ``rid``, not a Python object per request), and its token times: every one (``keep_token_times``, one
+    float64 buffer for the run, request ``i``'s at ``token_offsets[i]:token_offsets[i + 1]``) or only the gaps
+    between them, counted (:class:`GapCounter`). The replica a request was routed to is written at routing."""
+
+    __slots__ = ("issue_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "cached_tokens",
+                 "replica", "token_offsets", "token_times_s", "gaps", "finished")
+
+    def __init__(self, output_tokens: np.ndarray, keep_token_times: bool) -> None:
+        n = len(output_tokens)
+        self.issue_s = np.zeros(n)
+        self.first_scheduled_s = np.zeros(n)
+        self.first_token_s = np.zeros(n)
+        self.finish_s = np.zeros(n)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.cached_tokens = np.zeros(n, dtype=np.int64)
+        self.replica = np.zeros(n, dtype=np.int64)
+        self.token_offsets = np.concatenate([[0], np.cumsum(output_tokens, dtype=np.int64)])
+        self.token_times_s = np.empty(int(self.token_offsets[-1])) if keep_token_times else None
+        self.gaps = None if keep_token_times else GapCounter()
+        self.finished = 0
+
+    def finish(self, req: RequestState) -> None:
+        """Record a request that has sampled its last token."""
+        rid, times = req.rid, req.token_times_s
+        self.issue_s[rid] = req.issue_s
+        self.first_scheduled_s[rid] = req.first_scheduled_s
+        self.first_token_s[rid] = req.first_token_s
+        self.finish_s[rid] = times[-1]
+        self.preemptions[rid] = req.preemptions
+        self.cached_tokens[rid] = req.cached_tokens
+        if self.gaps is None:
+            start = int(self.token_offsets[rid])
+            self.token_times_s[start:start + req.output] = times
+        else:
+            self.gaps.add(times)
+        req.token_times_s = None
+        self.finished += 1

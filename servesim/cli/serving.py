@@ -3,7 +3,9 @@ like ``vllm bench latency``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 
 import click
 
@@ -99,6 +101,21 @@ def _latency_rows(summary: dict) -> list[dict]:
             for stem, label in METRICS]
 
 
+#: Workloads of at least this many requests show a progress bar while they are simulated (on a terminal).
+PROGRESS_MIN_REQUESTS = 10_000
+
+
+@contextlib.contextmanager
+def _progress(requests: int):
+    """A callback for ``simulate(progress=...)``: a bar on stderr when it is a terminal and the run is long, else
+    None."""
+    if requests < PROGRESS_MIN_REQUESTS or not sys.stderr.isatty():
+        yield None
+        return
+    with click.progressbar(length=requests, label="simulating", file=sys.stderr, show_pos=True) as bar:
+        yield lambda finished: bar.update(finished - bar.pos)
+
+
 def _overload(result, workload) -> dict:
     """``completion_ratio``: open loop, requests completed over requests arrived in the second half of the arrival
     window (None in a closed loop, which never runs ahead of the server); ``overloaded``: that ratio is under
@@ -164,7 +181,9 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
                               cv=cv, columns=mapping)
-    result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed)
+    with _progress(len(workload)) as progress:
+        result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed,
+                          progress=progress)
     summary = result.summary()
     summary.update(_overload(result, workload))
     if slos:

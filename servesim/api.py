@@ -218,6 +218,7 @@ def simulate(
     seed: int = 0,
     replicas: int = 1,
     router: str = "round_robin",
+    token_times: bool | None = None,
     **settings: Any,
 ) -> SimulationResult:
     """Serve a workload and return the per-request and per-step record — what ``servesim simulate`` prints.
@@ -226,7 +227,9 @@ def simulate(
     deployment as in :func:`deployment`; or pass a built Deployment as ``model`` (and none of those).
     ``workload``: a profile, preset, length spec or trace path (:func:`servesim.workloads.build_workload`, with
     ``num_requests``, ``qps`` or ``concurrency``, ``arrival`` and ``seed``) or a Workload object. ``replicas``
-    engine copies behind ``router`` (``round_robin``, ``least_outstanding``, ``random``).
+    engine copies behind ``router`` (``round_robin``, ``least_outstanding``, ``random``). ``token_times`` keeps
+    every token's time (``result.request_itl_ms``); None keeps them for runs of up to 4 million output tokens
+    (:func:`servesim.serving.simulator.simulate`).
 
     Returns :class:`servesim.serving.metrics.SimulationResult`: ``result.summary()`` has ``ttft_p90_ms``,
     ``tpot_p99_ms``, throughputs, ``prefix_cache_hit_ratio`` ...; ``result.requests`` is a DataFrame per request.
@@ -251,4 +254,4 @@ def simulate(
     if isinstance(workload, str):
         workload = build_workload(workload, num_requests, qps=qps, concurrency=concurrency, seed=seed,
                                   arrival=arrival)
-    return run(dep, workload, replicas=replicas, router=router, seed=seed)
+    return run(dep, workload, replicas=replicas, router=router, seed=seed, token_times=token_times)

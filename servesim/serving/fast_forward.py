@@ -118,7 +118,7 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
                                    replica.async_scheduling)
         records = int(pool[4])
         launches += records
-        log.extend(rows[:records].copy())
+        log.extend(rows[:records])
         if len(batches) == 1:
             batches[0].times_s.extend(launched[:records, 0].tolist())
         else:

@@ -306,20 +306,22 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
 
 def _result(workload: Workload, requests: RequestLog, log: StepLog, kv_capacity: int,
             info: dict) -> SimulationResult:
-    order = np.argsort(log.column("replica"), kind="stable")  # replica by replica, each in launch order
+    replica = log.column("replica")
+    # Replica by replica, each in launch order; launch order already is that with one replica.
+    order = None if (np.diff(replica) >= 0).all() else np.argsort(replica, kind="stable")
 
-    def column(name: str, dtype=np.float64) -> np.ndarray:
-        return log.column(name)[order].astype(dtype, copy=False)
+    def column(name: str) -> np.ndarray:
+        return log.column(name) if order is None else log.column(name)[order]
 
     steps = StepRecord(
-        replica=column("replica", np.int64),
+        replica=column("replica"),
         start_s=column("start_s"),
         end_s=column("end_s"),
-        num_requests=column("num_requests", np.int64),
-        num_tokens=column("num_tokens", np.int64),
-        prefill_tokens=column("prefill_tokens", np.int64),
-        num_decodes=column("num_decodes", np.int64),
-        kv_used_tokens=column("kv_used_tokens", np.int64),
+        num_requests=column("num_requests"),
+        num_tokens=column("num_tokens"),
+        prefill_tokens=column("prefill_tokens"),
+        num_decodes=column("num_decodes"),
+        kv_used_tokens=column("kv_used_tokens"),
         kv_capacity_tokens=kv_capacity,
     )
     return SimulationResult(

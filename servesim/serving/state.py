@@ -122,32 +122,30 @@ STEP_LOG_COLUMNS = ("replica", "start_s", "end_s", "num_requests", "num_tokens",
 
 class StepLog:
     """The simulator's record of every step it launched, in launch order: a row of :data:`STEP_LOG_COLUMNS` per
-    step, appended one at a time by the event loop (``append``, a tuple, kept as eight float64s in one flat
-    buffer) and as arrays of many rows by fast-forward (:meth:`extend`), so that a decode stretch's steps are never
-    made into tuples. It is read a column at a time (:meth:`column`)."""
+    step, appended one at a time by the event loop (:meth:`append`, a tuple) and as arrays of many rows by
+    fast-forward (:meth:`extend`), so that a decode stretch's steps are never made into tuples. Each column is
+    one typed buffer (float64 times, int64 counts) that :meth:`column` hands over without a copy, so that the
+    result's step record takes no memory beyond the log's."""
 
-    __slots__ = ("_flat", "_blocks", "append")
+    __slots__ = ("_columns",)
 
     def __init__(self) -> None:
-        self._flat = array("d")
-        self._blocks: list[tuple[int, np.ndarray]] = []  # (rows appended before it, its rows)
-        self.append = self._flat.extend
+        self._columns = tuple(array("d" if name.endswith("_s") else "q") for name in STEP_LOG_COLUMNS)
+
+    def append(self, row: tuple) -> None:
+        for column, value in zip(self._columns, row):
+            column.append(value)
 
     def extend(self, rows: np.ndarray) -> None:
-        """Rows of many steps, an array of :data:`STEP_LOG_COLUMNS` columns (taken over, not copied)."""
-        self._blocks.append((len(self._flat) // len(STEP_LOG_COLUMNS), rows))
+        """Rows of many steps, a float64 array of :data:`STEP_LOG_COLUMNS` columns (counts exact in it), copied."""
+        for column, values in zip(self._columns, rows.T):
+            column.frombytes(values.astype(column.typecode).tobytes())
 
     def column(self, name: str) -> np.ndarray:
-        """One column of :data:`STEP_LOG_COLUMNS` over every row, in launch order, float64 (counts are exact in
-        it): a column at a time, so that reading the log takes one column's memory, not a copy of every row."""
-        index, width = STEP_LOG_COLUMNS.index(name), len(STEP_LOG_COLUMNS)
-        appended = np.frombuffer(self._flat, dtype=np.float64)[index::width] if self._flat else np.zeros(0)
-        pieces, done = [], 0
-        for before, block in self._blocks:
-            pieces += [appended[done:before], block[:, index]]
-            done = before
-        pieces.append(appended[done:])
-        return np.concatenate(pieces)
+        """One column over every row, in launch order: float64 for times, int64 for counts. A view of the log's
+        buffer, which cannot grow while the view lives."""
+        column = self._columns[STEP_LOG_COLUMNS.index(name)]
+        return np.frombuffer(column, dtype=column.typecode)
 
 
 class GapCounter:
@@ -157,8 +155,8 @@ class GapCounter:
 
     __slots__ = ("_pending", "_used", "_values_s", "_counts")
 
-    def __init__(self, buffer_gaps: int = 1 << 21) -> None:
-        self._pending = np.empty(buffer_gaps)  # 16 MB
+    def __init__(self, buffer_gaps: int = 1 << 19) -> None:
+        self._pending = np.empty(buffer_gaps)  # 4 MB
         self._used = 0
         self._values_s = np.zeros(0)
         self._counts = np.zeros(0, dtype=np.int64)

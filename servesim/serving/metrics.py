@@ -14,7 +14,8 @@ Definitions follow ``vllm bench serve`` (and SGLang's ``bench_serving``, which u
 
 Every token's time is kept only for runs of at most :data:`TOKEN_TIMES_MAX_TOKENS` output tokens (or when the
 caller asks for them); a larger run keeps the gaps between tokens counted by value (:class:`GapCounts`), which
-gives the same ITL percentiles and the mean up to float rounding in a few megabytes instead of 8 bytes a token.
+gives the same ITL percentiles and the mean up to float rounding in memory that grows with the steps, not with
+the tokens (8 bytes each).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ class GapCounts:
 
     This is the whole multiset of gaps, so its order statistics are exact and :meth:`aggregate_ms` gives the
     percentiles ``np.percentile`` gives of the full gap array (the same interpolation, see
-    :func:`counted_percentiles`) and the mean up to float rounding (an exactly rounded sum; numpy's pairwise sum of
-    the full array differs from it by about 1e-16 relative, far below 1e-12). It stays small because every token is
-    sampled at the end of a step, so a gap is the difference of two step end times: there are at most about as many
-    distinct values as steps, not as tokens.
+    :func:`counted_percentiles`) and the mean up to float rounding (an exactly rounded sum over the count, where
+    numpy's mean of the full array sums pairwise: they can differ in the last digits, within 1e-12 relative as the
+    tests hold them). It stays small because every token is
+    sampled at the end of a step, so a gap is the difference of two step end times, mostly of two steps a request
+    is in one after the other: distinct values number about as many as the steps, not the tokens (fewer than the
+    steps in every run measured).
     """
 
     values_s: np.ndarray

@@ -54,18 +54,33 @@ class BenchmarkProtocol:
     prefix_caching: bool | None = None
 
 
-#: InferenceX's vLLM launch scripts of these rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
+#: InferenceX's vLLM launch scripts of the Llama-3.1-70B rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
 #: ``70b_fp8_h200_slurm.sh``) write ``kv-cache-dtype: fp8``, ``async-scheduling: true`` and
 #: ``no-enable-prefix-caching`` into the server's config.yaml and pass ``--max-num-seqs $CONC``.
 INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="fp8",
                                max_num_seqs_is_concurrency=True, async_scheduling=True, prefix_caching=False)
+#: ``benchmarks/single_node/gptoss_fp4_h100.sh`` and ``gptoss_fp4_h200.sh`` (InferenceX, 2026-03-27, vLLM 0.18.0):
+#: ``no-enable-prefix-caching`` and ``max-num-batched-tokens: 8192`` in config.yaml, ``--max-num-seqs $CONC``, no
+#: KV-cache dtype (auto). They also export ``VLLM_MXFP4_USE_MARLIN=1``, which runs the MXFP4 experts through
+#: vLLM's Marlin MoE kernel; servesim times vLLM's Triton MXFP4 kernel instead (docs/validation.md).
+INFERENCEX_GPT_OSS = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
+                                       max_num_seqs_is_concurrency=True, prefix_caching=False)
+#: ``benchmarks/single_node/minimaxm2.5_fp8_h200.sh`` (InferenceX, 2026-03-01 to 2026-03-27, vLLM 0.16.0 and
+#: 0.18.0): ``vllm serve`` with the layout, ``--gpu-memory-utilization 0.95`` and ``--max-model-len`` only, so the
+#: KV cache, running-request cap and prefix cache are vLLM's defaults.
+INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
+                                       max_num_seqs_is_concurrency=False)
+#: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id.
+INFERENCEX_BY_MODEL = {"openai/gpt-oss-120b": INFERENCEX_GPT_OSS, "MiniMaxAI/MiniMax-M2.5": INFERENCEX_MINIMAX}
 AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
                                    max_num_seqs_is_concurrency=False)
 
 
-def protocol_for(source: str) -> BenchmarkProtocol:
-    """The benchmark protocol of a silicon_sample row, from its ``source`` text."""
-    return AICONFIGURATOR if "aic-auto-gap-analysis" in source else INFERENCEX
+def protocol_for(source: str, model_id: str = "") -> BenchmarkProtocol:
+    """The benchmark protocol of a silicon_sample row, from its ``source`` text and model id."""
+    if "aic-auto-gap-analysis" in source:
+        return AICONFIGURATOR
+    return INFERENCEX_BY_MODEL.get(model_id, INFERENCEX)
 
 
 def load_silicon_rows(
@@ -134,7 +149,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     concurrency = _int(row["concurrency"]) or _int(row["batch_size"])
     if not concurrency:
         return _skip(row, "neither concurrency nor batch_size is recorded")
-    protocol = protocol_for(str(row["source"]))
+    protocol = protocol_for(str(row["source"]), str(row["model"]))
     isl, osl = int(row["isl"]), int(row["osl"])
     if protocol.length_ratio < 1:
         spec = (f"uniform:{int(isl * protocol.length_ratio)}-{isl}:"

@@ -63,17 +63,19 @@ def test_inferencex_rows_draw_lengths_like_its_benchmark(rows: pd.DataFrame) -> 
     assert len(case.workload) == 10 * row["concurrency"]
 
 
-@pytest.mark.parametrize(("model_id", "max_num_seqs_is_concurrency", "prefix_caching"), [
-    ("openai/gpt-oss-120b", True, False), ("MiniMaxAI/MiniMax-M2.5", False, None)])
+@pytest.mark.parametrize(("model_id", "max_num_seqs_is_concurrency", "prefix_caching", "moe_backend"), [
+    ("openai/gpt-oss-120b", True, False, "marlin"), ("MiniMaxAI/MiniMax-M2.5", False, None, "auto")])
 def test_inferencex_rows_keep_their_own_launch_flags(rows: pd.DataFrame, model_id: str,
                                                      max_num_seqs_is_concurrency: bool,
-                                                     prefix_caching: bool | None) -> None:
-    # Their launch scripts pass no KV-cache dtype, unlike the Llama-3.1-70B ones, so the cache is the model's dtype.
+                                                     prefix_caching: bool | None, moe_backend: str) -> None:
+    # Their launch scripts pass no KV-cache dtype, unlike the Llama-3.1-70B ones, so the cache is the model's dtype;
+    # gpt-oss's Hopper scripts export VLLM_MXFP4_USE_MARLIN=1.
     selected = rows[(rows["model"] == model_id) & (rows["gpu"] == "H200") & (rows["backend"] == "vllm")]
     case = silicon_case(selected.iloc[0].to_dict())
     assert case.kv_cache_dtype == "auto" and case.prefix_caching is prefix_caching
     assert (case.max_num_seqs == case.concurrency) is max_num_seqs_is_concurrency
     assert case.max_num_seqs is None or max_num_seqs_is_concurrency
+    assert case.mxfp4_moe_backend == moe_backend
 
 
 def test_unbuildable_rows_are_reported_with_a_reason(rows: pd.DataFrame) -> None:

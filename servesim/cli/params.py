@@ -134,3 +134,13 @@ def engine_behaviour_options(func):
     return click.option("--prefix-caching/--no-prefix-caching", default=None,
                         help="Prefix cache (vLLM automatic prefix caching, SGLang's radix cache) [default: on, as "
                              "in every modelled release].")(func)
+
+
+def mxfp4_moe_backend_option(func):
+    """Add ``--mxfp4-moe-backend`` (``auto``, ``marlin`` or ``triton``) as ``mxfp4_moe_backend``."""
+    from servesim.kernels.engines import MXFP4_MOE_BACKENDS
+
+    return click.option("--mxfp4-moe-backend", type=click.Choice(MXFP4_MOE_BACKENDS), default="auto",
+                        show_default=True,
+                        help="MoE kernel of MXFP4 experts (gpt-oss): auto (vLLM: Marlin below compute capability "
+                             "9.0, Triton on Hopper), marlin (vLLM with VLLM_MXFP4_USE_MARLIN=1) or triton.")(func)

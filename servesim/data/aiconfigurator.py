@@ -54,6 +54,8 @@ _PRECISIONS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "fp8": ("fp8", "tensor"),
         "fp8_block": ("fp8", "block"),
         "nvfp4": ("nvfp4", "block"),
+        "int4_wo": ("int4", "group"),  # weight-only INT4 MoE (Marlin), BF16 activations
+        "w4a16_mxfp4": ("mxfp4", "block"),  # weight-only MXFP4 MoE, BF16 activations
     }
 )
 _KNOWN_DTYPES = frozenset(dtype for dtype, _ in _PRECISIONS.values())

@@ -20,7 +20,7 @@ from servesim.decompose.launch import (
     occupancy,
     pipe_rate_vector,
 )
-from servesim.decompose.moe import decompose_moe
+from servesim.decompose.moe import decompose_marlin_moe, decompose_moe
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import Kernel
@@ -31,6 +31,7 @@ _DECOMPOSERS = {
     "attn_prefill": decompose_prefill,
     "attn_decode": decompose_decode,
     "moe": decompose_moe,
+    "moe_marlin": decompose_marlin_moe,
     **{c: decompose_rowwise for c in ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "kv_write", "quant",
                                       "embedding", "router_topk", "sampling")},
 }

@@ -3,10 +3,11 @@ expert into BLOCK_SIZE_M-padded blocks (moe_align_block_size), a grouped GEMM fo
 GEMM for down. Each grouped GEMM is a 1-D grid over (padded M blocks x N blocks) with Triton's GROUP_SIZE_M
 swizzle; blocks past the padded token count exit at once.
 
-MXFP4 experts (gpt-oss) are decomposed the same way with their weights read at 4.25 bits and multiplied in BF16:
-the engines' MXFP4 MoE kernels (OpenAI's Triton ``matmul_ogs`` or Marlin on Hopper and Ampere, FlashInfer's
-MXFP4 x BF16 on Blackwell) dequantise each weight tile in the kernel. Their own tilings are not modelled: the tiles
-are the BF16 path's."""
+MXFP4 experts (gpt-oss) on the engines' other MXFP4 MoE kernels (OpenAI's Triton ``matmul_ogs`` on Hopper,
+FlashInfer's MXFP4 x BF16 on Blackwell) are decomposed the same way, their weights read at 4.25 bits and
+dequantised to BF16 in the kernel; those kernels' own tilings are not modelled. vLLM's Marlin MoE
+(:class:`MarlinMoE`: Ampere and Ada, or Hopper with ``VLLM_MXFP4_USE_MARLIN=1``) is decomposed below as its own
+kernel."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from servesim.decompose.elementwise import decompose_rowwise
 from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, check_task_count, pipe_rate_vector, task_set
 from servesim.hardware import GpuSpec
-from servesim.kernels.types import FusedMoE, SiluMul, dtype_bytes
+from servesim.kernels.types import FusedMoE, MarlinMoE, SiluMul, dtype_bytes
 
 _TRITON_WARPS = 4
 _TRITON_STAGES = 3
@@ -102,4 +103,80 @@ def decompose_moe(kernel: FusedMoE, gpu: GpuSpec) -> tuple[Launch, ...]:
         _grouped_gemm(kernel, gpu, 2 * kernel.intermediate, kernel.hidden, cfg, "fused_moe w13 (gate/up)"),
         *decompose_rowwise(act, gpu),
         _grouped_gemm(kernel, gpu, kernel.hidden, kernel.intermediate, cfg, "fused_moe w2 (down)"),
+    )
+
+
+# --- Marlin MoE ---------------------------------------------------------------------------------------------------
+
+_MARLIN_STAGES = 4
+#: Integer and FMA operations Marlin spends turning one 4-bit weight into BF16 (mask/shift with ``lop3``, then a
+#: fused multiply by its scale).
+_MARLIN_DEQUANT_OPS = 2
+
+
+def marlin_block_m(kernel: MarlinMoE) -> int:
+    """``fused_marlin_moe``'s ``moe_block_size``: the first of 8, 16, 32, 48, 64 with fewer than 0.9 blocks' worth
+    of (token, choice) pairs per expert, else 64 (vllm/model_executor/layers/fused_moe/fused_marlin_moe.py)."""
+    pairs_per_expert = kernel.tokens * kernel.top_k / kernel.num_experts
+    return next((m for m in (8, 16, 32, 48) if pairs_per_expert / m < 0.9), 64)
+
+
+def marlin_dims(kernel: MarlinMoE) -> tuple[int, int]:
+    """(hidden, intermediate) as the Marlin path pads MXFP4 experts: hidden to 256, intermediate to 128
+    (``Mxfp4MoEMethod.create_weights``, vllm/model_executor/layers/quantization/mxfp4.py); INT4 checkpoints as they
+    are."""
+    if kernel.weight_dtype != "mxfp4":
+        return kernel.hidden, kernel.intermediate
+    return -(-kernel.hidden // 256) * 256, -(-kernel.intermediate // 128) * 128
+
+
+def _marlin_gemm(kernel: MarlinMoE, gpu: GpuSpec, n: int, k: int, block_m: int, name: str) -> Launch:
+    """One ``moe_wna16_marlin_gemm``: every real ``block_m``-row block of an expert's (token, choice) pairs times
+    ``thread_n``-wide tiles of its dequantised weights. Marlin stripes the K dimension over its SM-sized grid, so
+    a problem with fewer tiles than SMs runs K-slices in parallel and reduces them in FP32; a task here is one
+    (block, tile, K-slice)."""
+    thread_m_blocks = -(-block_m // 16)
+    thread_n, thread_k, threads = (128, 128, 256) if thread_m_blocks == 1 else (256, 64, 256)
+    block_rows = real_block_rows(kernel, block_m)
+    n_tiles, k_tiles = -(-n // thread_n), -(-k // thread_k)
+    tiles = max(len(block_rows), 1) * n_tiles
+    slices = int(min(k_tiles, max(1, gpu.sm_count // tiles)))
+    check_task_count(kernel, tiles * slices)
+    pid = np.arange(tiles * slices)
+    tile, pid_k = pid // slices, pid % slices
+    pid_m, pid_n = tile // n_tiles, tile % n_tiles
+    rows = block_rows[pid_m] if len(block_rows) else np.zeros_like(pid)
+    cols = np.minimum(thread_n, n - pid_n * thread_n)
+    depth = np.full(len(pid), -(-k // slices))
+    depth[pid_k == slices - 1] = k - (slices - 1) * depth[0]
+    wb = dtype_bytes(kernel.stored_dtype)
+    out_bytes = 4 if slices > 1 else 2  # K-slices reduce in FP32 (use_fp32_reduce)
+
+    def demand(r):
+        return {
+            "tensor": 2.0 * r * cols * depth,
+            "fma": (_MARLIN_DEQUANT_OPS * cols * depth + r * cols).astype(np.float64),
+            "l2": (cols * depth * wb + r * depth * 2 + r * cols * out_bytes).astype(np.float64),
+            "smem": (2 * (cols * depth * wb + r * depth * 2)).astype(np.float64),
+        }
+
+    issued = demand(np.maximum(16, -(-rows // 16) * 16))  # m16 MMAs: a block of 8 rows still issues 16
+    unique = kernel.active_experts() * n * k * wb + kernel.routed_pairs() * (k + n) * 2
+    tasks = task_set(("pid_m", "pid_n", "pid_k", "rows", "cols", "k"), (pid_m, pid_n, pid_k, rows, cols, depth),
+                     demand(rows), pipe_rate_vector(gpu, kernel.dtype), issued, cold_dram_bytes=unique)
+    smem = int(_MARLIN_STAGES * (thread_m_blocks * 16 * thread_k * 2 + thread_k * thread_n * wb))
+    note = (f"Marlin {thread_m_blocks * 16}x{thread_n}x{thread_k} tiles, moe_block_size {block_m}, "
+            f"{len(block_rows)} blocks hold tokens, K in {slices} slice(s)")
+    return Launch(name, LaunchConfig(threads, 128, smem), tasks, ROUND_ROBIN, len(pid), kernel.dtype,
+                  (note, *_weight_notes(kernel, gpu)))
+
+
+def decompose_marlin_moe(kernel: MarlinMoE, gpu: GpuSpec) -> tuple[Launch, ...]:
+    block_m = marlin_block_m(kernel)
+    hidden, inter = marlin_dims(kernel)
+    act = SiluMul(tokens=max(kernel.routed_pairs(), 1), dim=inter)
+    return (
+        _marlin_gemm(kernel, gpu, 2 * inter, hidden, block_m, "marlin_moe w13 (gate/up)"),
+        *decompose_rowwise(act, gpu),
+        _marlin_gemm(kernel, gpu, hidden, inter, block_m, "marlin_moe w2 (down)"),
     )

@@ -78,6 +78,11 @@ def _pad(tokens: int, capture_sizes: tuple[int, ...]) -> int:
     return capture_sizes[bisect.bisect_left(capture_sizes, tokens)]
 
 
+#: MoE kernels for MXFP4 experts: ``auto`` (the engine's default for the GPU), vLLM's Marlin MoE, or the Triton
+#: path (OpenAI's ``matmul_ogs`` on Hopper; FlashInfer's kernels on Blackwell are timed as it too).
+MXFP4_MOE_BACKENDS = ("auto", "marlin", "triton")
+
+
 @dataclass(frozen=True)
 class EngineKernels:
     """One engine version's kernel-relevant defaults."""
@@ -95,10 +100,13 @@ class EngineKernels:
     default_page_size: int = 16  # KV-cache tokens per page (vLLM block_size, SGLang page_size)
     fp8_tensor_library: str = "cutlass"  # runs per-tensor FP8 linears (ScaledMM.library)
     backend_page_sizes: Mapping[str, int] = field(default_factory=dict)
+    #: GPU architecture -> the MoE kernel MXFP4 experts run on by default (``marlin``; ``triton`` where absent).
+    mxfp4_moe_backends: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_backends", MappingProxyType(dict(self.attention_backends)))
         object.__setattr__(self, "backend_page_sizes", MappingProxyType(dict(self.backend_page_sizes)))
+        object.__setattr__(self, "mxfp4_moe_backends", MappingProxyType(dict(self.mxfp4_moe_backends)))
 
     def __hash__(self) -> int:
         return hash((self.name, self.version))
@@ -114,6 +122,22 @@ class EngineKernels:
                 f"{self.name} {self.version}: no default attention backend known for GPU architecture "
                 f"{architecture!r} (known: {', '.join(self.attention_backends)})"
             ) from None
+
+    def mxfp4_moe_backend(self, architecture: str, requested: str = "auto") -> str:
+        """The MoE kernel MXFP4 experts run on: the engine's default for the architecture (``auto``), or the one
+        requested where the engine can run it there (:data:`MXFP4_MOE_BACKENDS`)."""
+        if requested not in MXFP4_MOE_BACKENDS:
+            raise ServesimError(f"unknown MXFP4 MoE backend {requested!r}; choose one of "
+                                f"{', '.join(MXFP4_MOE_BACKENDS)}")
+        default = self.mxfp4_moe_backends.get(architecture, "triton")
+        if requested in ("auto", default):
+            return default
+        if requested == "marlin" and "marlin" not in self.mxfp4_moe_backends.values():
+            raise ServesimError(f"{self.name} has no Marlin MoE path for MXFP4 experts; use --mxfp4-moe-backend auto")
+        if requested == "triton":
+            raise ServesimError(f"{self.name} runs MXFP4 experts on Marlin on {architecture} GPUs (no Triton "
+                                f"matmul_ogs below compute capability 9.0); use --mxfp4-moe-backend auto")
+        return requested
 
     def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
         raise NotImplementedError
@@ -172,6 +196,9 @@ VLLM = VllmKernels(
     version="0.11.0",
     attention_backends={"ampere": "fa2", "ada": "fa2", "hopper": "fa3", "blackwell": "flashinfer"},
     splits_mixed_attention=("flashinfer",),
+    # vllm/model_executor/layers/quantization/mxfp4.py get_mxfp4_backend: Marlin below compute capability 9.0
+    # (and wherever VLLM_MXFP4_USE_MARLIN=1), Triton matmul_ogs on Hopper, FlashInfer on Blackwell.
+    mxfp4_moe_backends={"ampere": "marlin", "ada": "marlin"},
 )
 
 SGLANG = SglangKernels(

@@ -27,6 +27,7 @@ from servesim.kernels.types import (
     Gemm,
     Kernel,
     KvWrite,
+    MarlinMoE,
     Quantize,
     RMSNorm,
     Rope,
@@ -183,6 +184,7 @@ class _Ctx:
     backend: str
     heads: int  # per GPU
     kv_heads: int  # per GPU (replicated when tp > kv heads)
+    mxfp4_moe: str = "triton"  # the MoE kernel MXFP4 experts run on: marlin or triton
 
     def all_reduce(self, name: str, width: int | None = None, dtype: str | None = None) -> list[Collective]:
         """The TP all-reduce of ``width`` values per token in ``dtype`` (default: the hidden states)."""
@@ -293,7 +295,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         RouterTopK(
             tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk"
         ),
-        FusedMoE(
+        (MarlinMoE if ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin" else FusedMoE)(
             tokens=t,
             num_experts=experts,
             top_k=top_k,
@@ -429,11 +431,14 @@ def expand(
     stage: int = 0,
     dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
+    mxfp4_moe_backend: str = "auto",
 ) -> StepKernels:
     """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``.
 
-    Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype): a
-    simulator calls it for every step and repeated step shapes cost a dictionary look-up.
+    ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
+    default for the GPU). Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype,
+    kv_cache_dtype, the MoE kernel): a simulator calls it for every step and repeated step shapes cost a dictionary
+    look-up.
     """
     config = get_engine_kernels(engine)
     if dtype not in WEIGHT_DTYPES:
@@ -449,7 +454,8 @@ def expand(
             f"weight-only FP8 Marlin, which servesim does not model); use --dtype bf16 or an Ada/Hopper/Blackwell GPU"
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
-    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype)
+    mxfp4_moe = config.mxfp4_moe_backend(traits.architecture, mxfp4_moe_backend)
+    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe)
 
 
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
@@ -489,7 +495,7 @@ def kv_storage_dtype(weights: str, kv_cache_dtype: str) -> str:
 
 def _context(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
-    kv_cache_dtype: str, plan: GraphPlan,
+    kv_cache_dtype: str, plan: GraphPlan, mxfp4_moe: str = "triton",
 ) -> _Ctx:
     act = activation_dtype(dtype)
     return _Ctx(
@@ -505,6 +511,7 @@ def _context(
         backend=config.attention_backend(gpu.architecture),
         heads=model.num_attention_heads // tp,
         kv_heads=max(1, model.num_kv_heads // tp),
+        mxfp4_moe=mxfp4_moe,
     )
 
 
@@ -546,10 +553,10 @@ def step_part(
 @functools.lru_cache(maxsize=8192)
 def _expand_cached(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
-    dtype: str, kv_cache_dtype: str,
+    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton",
 ) -> StepKernels:
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
-    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan)
+    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe)
     layers = stage_layers(model.num_layers, pp, stage)
     # Layer bodies by (is MoE, is sliding-window), each built once (layer 0 differs, built apart).
     body: dict[tuple[bool, bool], tuple[Op, ...]] = {}

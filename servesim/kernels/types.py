@@ -21,9 +21,11 @@ from typing import ClassVar
 
 #: MXFP4 (OCP Microscaling v1.0): 4-bit E2M1 values with one 8-bit E8M0 scale per block of 32, 4.25 bits a weight.
 MXFP4_BITS_PER_WEIGHT = 4 + 8 / 32
+#: INT4 weights with one BF16 scale per group of 128 (GPTQ/AWQ checkpoints as Marlin runs them).
+INT4_BITS_PER_WEIGHT = 4 + 16 / 128
 #: Bytes per element of each dtype name used in this package.
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp4": MXFP4_BITS_PER_WEIGHT / 8,
-                                 "int32": 4, "int64": 8}
+                                 "int4": INT4_BITS_PER_WEIGHT / 8, "int32": 4, "int64": 8}
 
 #: The scale granularities of an FP8 scaled matrix multiply (see :class:`ScaledMM`) and the libraries that run
 #: each, the first being the default: vLLM's per-tensor FP8 linear calls CUTLASS (``cutlass_scaled_mm``), SGLang's
@@ -489,6 +491,27 @@ class FusedMoE(Kernel):
             f"{self.tokens} tok E={self.num_experts} top{self.top_k} h={self.hidden} i={self.intermediate} "
             f"active={self.active_experts()}{weights}"
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarlinMoE(FusedMoE):
+    """The routed experts of one MoE layer through vLLM's Marlin MoE (``fused_marlin_moe.py``): 4-bit weights
+    (``weight_dtype`` ``mxfp4`` or ``int4``) dequantised to BF16 inside a GEMM built for few rows, in
+    ``moe_block_size``-row blocks per expert, each block re-reading and re-dequantising its expert's weights.
+
+    vLLM runs MXFP4 experts this way on GPUs below compute capability 9.0 and wherever
+    ``VLLM_MXFP4_USE_MARLIN=1`` (``vllm/model_executor/layers/quantization/mxfp4.py``, ``get_mxfp4_backend``).
+    Its own category: its efficiency is learnt from measured Marlin rows, not the Triton path's.
+    """
+
+    category: ClassVar[str] = "moe_marlin"
+
+    def __post_init__(self) -> None:
+        if self.weight_dtype not in ("mxfp4", "int4"):
+            raise ValueError(f"Marlin MoE runs 4-bit weights (mxfp4 or int4), not {self.weight_dtype or self.dtype!r}")
+
+    def shape(self) -> str:
+        return f"{super().shape()} marlin"
 
 
 @dataclass(frozen=True, kw_only=True)

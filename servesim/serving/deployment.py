@@ -25,7 +25,7 @@ from servesim.serving.scheduler import Scheduler
 
 #: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
 SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
-                 "enable_prefix_caching", "async_scheduling")
+                 "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,11 @@ class Deployment:
     def kv_cache_dtype(self) -> str:
         return self.settings.kv_cache_dtype
 
+    @property
+    def mxfp4_moe_backend(self) -> str:
+        """The MoE kernel MXFP4 experts run on here (``marlin`` or ``triton``; the other weights: ``triton``)."""
+        return self.engine.kernels.mxfp4_moe_backend(self.gpu.architecture, self.settings.mxfp4_moe_backend)
+
     @functools.cached_property
     def memory(self) -> MemoryPlan:
         """Weights, reserves and the KV pool per GPU (made once per deployment)."""
@@ -64,7 +69,8 @@ class Deployment:
     def timing_identity(self) -> tuple:
         """What step times depend on: deployments that agree on it time every step alike (the engine settings that
         only change batching and memory do not enter)."""
-        return (self.model, self.gpu, self.par, self.release, self.dtype, self.kv_cache_dtype)
+        return (self.model, self.gpu, self.par, self.release, self.dtype, self.kv_cache_dtype,
+                self.mxfp4_moe_backend)
 
     def label(self) -> str:
         kv = ", fp8 KV cache" if self.kv_cache_dtype == "fp8" else ""
@@ -76,7 +82,10 @@ class Deployment:
     def launch_command(self) -> str:
         """The server command whose flags this deployment's prediction assumed."""
         quant = ["--quantization fp8"] if self.dtype == "fp8" else []  # fp8-block checkpoints come quantised
-        return " ".join([*self.engine.launch_head(self.model.source, self.par), *quant,
+        forced_marlin = (self.dtype == "mxfp4" and self.mxfp4_moe_backend == "marlin"
+                         and self.engine.kernels.mxfp4_moe_backend(self.gpu.architecture) != "marlin")
+        env = ["VLLM_MXFP4_USE_MARLIN=1"] if forced_marlin else []
+        return " ".join([*env, *self.engine.launch_head(self.model.source, self.par), *quant,
                          *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par))])
 
 
@@ -104,4 +113,6 @@ def build_deployment(
     if settings.async_scheduling and par.pp > 1:
         raise ServesimError(f"{release.label} runs no async scheduling with pipeline parallelism; drop "
                             f"--async-scheduling or use --pp 1")
-    return Deployment(model, gpu, par, engine_class, release, settings, dtype, estimator)
+    deployment = Deployment(model, gpu, par, engine_class, release, settings, dtype, estimator)
+    deployment.mxfp4_moe_backend  # noqa: B018 - refuses a MoE kernel the engine cannot run on this GPU
+    return deployment

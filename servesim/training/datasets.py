@@ -34,6 +34,7 @@ from servesim.kernels.types import (
     FusedMoE,
     Gemm,
     Kernel,
+    MarlinMoE,
     Quantize,
     RMSNorm,
     Rope,
@@ -464,6 +465,33 @@ def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return kernels
 
 
+def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_moe
+
+    return load_moe(dtypes=("int4", "mxfp4"))
+
+
+def _prepare_marlin_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    frame = _drop(frame, _sources(frame).str.contains("marlin", regex=False),
+                  "4-bit MoE kernels other than Marlin (Triton matmul_ogs, FlashInfer)", dropped)
+    return _drop(frame, frame["distribution"].astype(str) == "balanced",
+                 "power-law routing (the step model routes evenly)", dropped)
+
+
+def _marlin_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    """As :func:`_moe_kernels`, for the Marlin path: BF16 activations times the row's 4-bit weights."""
+    columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype")
+    kernels: list[Kernel] = []
+    for t, h, inter, e, topk, tp, ep, dtype in zip(*(frame[c] for c in columns)):
+        local = int(e) // int(ep)
+        kernels.append(MarlinMoE(
+            tokens=int(t), num_experts=local, top_k=int(topk), hidden=int(h), intermediate=int(inter) // int(tp),
+            expert_tokens=tuple(int(n) for n in collector_routing(int(t), int(e), int(topk), local)),
+            dtype="bf16", weight_dtype=str(dtype),
+        ))
+    return kernels
+
+
 # --- element-wise ------------------------------------------------------------------------------------------------
 
 #: Columns each element-wise category's rows need, as our collections store them: ``hidden`` is the width the
@@ -544,6 +572,9 @@ SOURCES: dict[str, CategorySource] = {
                                   _decode_kernels, "generation_attention"),
     "moe": CategorySource(_read_moe, _prepare_moe, ("num_tokens", "hidden", "intermediate", "num_experts", "topk",
                                                     "moe_tp", "moe_ep", "dtype", "scaling"), _moe_kernels, None),
+    "moe_marlin": CategorySource(_read_marlin_moe, _prepare_marlin_moe, ("num_tokens", "hidden", "intermediate",
+                                                                       "num_experts", "topk", "moe_tp", "moe_ep",
+                                                                       "dtype"), _marlin_moe_kernels, None),
     **{
         category: CategorySource(_read_vidur(category), _prepare_elementwise(category),
                                  _ELEMENTWISE_COLUMNS[category], kernels, category)

@@ -68,6 +68,7 @@ class ServingCase:
     max_num_batched_tokens: int | None = None  # the server's token budget per step (None: the default)
     async_scheduling: bool | None = None  # the server's async scheduling (None: the release's default)
     prefix_caching: bool | None = None  # the server's prefix cache (None: the release's default)
+    mxfp4_moe_backend: str = "auto"  # the MoE kernel of MXFP4 experts (auto: the engine's default for the GPU)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class StepModels:
         self._models: dict[tuple, StepTimeModel] = {}
 
     def get(self, case: ServingCase) -> StepTimeModel:
-        key = (case_release(case), case.preset, case.gpu, case.tp, case.pp, case.dtype, case.kv_cache_dtype)
+        key = (case_release(case), case.preset, case.gpu, case.tp, case.pp, case.dtype, case.kv_cache_dtype,
+               case.mxfp4_moe_backend)
         if key not in self._models:
             from servesim.hardware import get_gpu
             from servesim.models import get_model
@@ -130,7 +132,8 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
     return build_deployment(model, gpu, Parallelism(case.tp, case.pp), case_release(case), case.dtype, estimator,
                             kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
                             max_num_batched_tokens=case.max_num_batched_tokens,
-                            async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching)
+                            async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
+                            mxfp4_moe_backend=case.mxfp4_moe_backend)
 
 
 def simulate_case(case: ServingCase, step_model: StepTimeModel) -> SimulationResult:

@@ -52,6 +52,7 @@ class BenchmarkProtocol:
     max_num_seqs_is_concurrency: bool
     async_scheduling: bool | None = None  # None: the release's default
     prefix_caching: bool | None = None
+    mxfp4_moe_backend: str = "auto"
 
 
 #: InferenceX's vLLM launch scripts of the Llama-3.1-70B rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
@@ -61,26 +62,28 @@ INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_rati
                                max_num_seqs_is_concurrency=True, async_scheduling=True, prefix_caching=False)
 #: ``benchmarks/single_node/gptoss_fp4_h100.sh`` and ``gptoss_fp4_h200.sh`` (InferenceX, 2026-03-27, vLLM 0.18.0):
 #: ``no-enable-prefix-caching`` and ``max-num-batched-tokens: 8192`` in config.yaml, ``--max-num-seqs $CONC``, no
-#: KV-cache dtype (auto). They also export ``VLLM_MXFP4_USE_MARLIN=1``, which runs the MXFP4 experts through
-#: vLLM's Marlin MoE kernel; servesim times vLLM's Triton MXFP4 kernel instead (docs/validation.md).
-INFERENCEX_GPT_OSS = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
-                                       max_num_seqs_is_concurrency=True, prefix_caching=False)
+#: KV-cache dtype (auto), and ``VLLM_MXFP4_USE_MARLIN=1``: the MXFP4 experts run on vLLM's Marlin MoE kernel.
+INFERENCEX_GPT_OSS_HOPPER = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
+                                              kv_cache_dtype="auto", max_num_seqs_is_concurrency=True,
+                                              prefix_caching=False, mxfp4_moe_backend="marlin")
 #: ``benchmarks/single_node/minimaxm2.5_fp8_h200.sh`` (InferenceX, 2026-03-01 to 2026-03-27, vLLM 0.16.0 and
 #: 0.18.0): ``vllm serve`` with the layout, ``--gpu-memory-utilization 0.95`` and ``--max-model-len`` only, so the
 #: KV cache, running-request cap and prefix cache are vLLM's defaults.
 INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
                                        max_num_seqs_is_concurrency=False)
-#: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id.
-INFERENCEX_BY_MODEL = {"openai/gpt-oss-120b": INFERENCEX_GPT_OSS, "MiniMaxAI/MiniMax-M2.5": INFERENCEX_MINIMAX}
+#: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
+INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
+                       ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
+                       ("MiniMaxAI/MiniMax-M2.5", "H200"): INFERENCEX_MINIMAX}
 AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
                                    max_num_seqs_is_concurrency=False)
 
 
-def protocol_for(source: str, model_id: str = "") -> BenchmarkProtocol:
-    """The benchmark protocol of a silicon_sample row, from its ``source`` text and model id."""
+def protocol_for(source: str, model_id: str = "", gpu: str = "") -> BenchmarkProtocol:
+    """The benchmark protocol of a silicon_sample row, from its ``source`` text, model id and GPU."""
     if "aic-auto-gap-analysis" in source:
         return AICONFIGURATOR
-    return INFERENCEX_BY_MODEL.get(model_id, INFERENCEX)
+    return INFERENCEX_BY_MODEL.get((model_id, gpu), INFERENCEX)
 
 
 def load_silicon_rows(
@@ -149,7 +152,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     concurrency = _int(row["concurrency"]) or _int(row["batch_size"])
     if not concurrency:
         return _skip(row, "neither concurrency nor batch_size is recorded")
-    protocol = protocol_for(str(row["source"]), str(row["model"]))
+    protocol = protocol_for(str(row["source"]), str(row["model"]), str(row["gpu"]))
     isl, osl = int(row["isl"]), int(row["osl"])
     if protocol.length_ratio < 1:
         spec = (f"uniform:{int(isl * protocol.length_ratio)}-{isl}:"
@@ -167,6 +170,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         kv_cache_dtype=protocol.kv_cache_dtype,
         max_num_seqs=concurrency if protocol.max_num_seqs_is_concurrency else None,
         async_scheduling=protocol.async_scheduling, prefix_caching=protocol.prefix_caching,
+        mxfp4_moe_backend=protocol.mxfp4_moe_backend,
     )
 
 

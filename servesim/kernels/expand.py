@@ -275,6 +275,17 @@ def balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
     return tuple(base + (1 if e < extra else 0) for e in range(experts))
 
 
+def reached_experts(tokens: int, top_k: int, experts: int) -> int:
+    """How many of ``experts`` a step's ``tokens`` reach when each picks ``top_k`` distinct experts on its own,
+    every expert alike: the expected ``E·(1 − (1 − k/E)^tokens)``, rounded.
+
+    A step's tokens come from unrelated requests, so 32 tokens routed top-4 over 128 experts reach about 82 of
+    them, not all 128 as spreading the pairs evenly would: an MoE layer at decode sizes reads fewer expert weights
+    than balanced routing says. Prefill-sized batches reach every expert either way."""
+    reached = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+    return min(experts, tokens * top_k, max(top_k, round(reached)))
+
+
 def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     model, t = ctx.model, ctx.tokens
     if not model.is_moe_layer(layer):
@@ -286,6 +297,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             *ctx.all_reduce("mlp.all_reduce"),
         ]
     experts, top_k = model.num_experts, model.num_experts_per_tok
+    reached = reached_experts(t, top_k, experts)
     scale = _FP8_SCALES.get(ctx.weights, "")
     return [
         # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
@@ -295,13 +307,15 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         RouterTopK(
             tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk"
         ),
+        # Timed as the layer of the experts the step's tokens reach (reached_experts), each receiving an even share
+        # of the pairs: the others read nothing and their grid blocks exit at once.
         (MarlinMoE if ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin" else FusedMoE)(
             tokens=t,
-            num_experts=experts,
+            num_experts=reached,
             top_k=top_k,
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // ctx.tp,
-            expert_tokens=balanced_routing(t * top_k, experts),
+            expert_tokens=balanced_routing(t * top_k, reached),
             dtype="fp8" if scale else ctx.act,
             scale=scale,
             weight_dtype="mxfp4" if ctx.weights == "mxfp4" else "",

@@ -161,18 +161,23 @@ def _prefill_tiles(q: np.ndarray, kv: np.ndarray, tiles_per_req: np.ndarray, blo
 
 
 @lru_cache(maxsize=256)
-def _demand_per_unit(head_dim: int, q_bytes: float, kv_bytes: float, kv_readers: int) -> np.ndarray:
+def _demand_per_unit(head_dim: int, q_bytes: float, kv_bytes: float, kv_readers: int, v_dim: int = 0,
+                     kv_per_key: int = 0) -> np.ndarray:
     """Each pipe's demand (a row per pipe of :data:`PIPES`) per unit of a task's work, in the columns of
     :func:`_attention_demand`'s basis: Tensor (QK^T and PV, 4·d per scored pair), XU (one exp per pair plus one
     rescale per row and key block), FMA (scale, max, subtract and sum per pair; output rescale per row, dim and key
     block), L2 (Q in, O out, the walked K and V), shared memory (K/V written once, read by each reader warp(group);
-    Q staged); DRAM left at 0 for :func:`task_set` to spread. Read-only (memoised)."""
+    Q staged); DRAM left at 0 for :func:`task_set` to spread. ``v_dim`` (0: ``head_dim``) is a narrower value
+    head (MLA); ``kv_per_key`` (0: K and V, ``head_dim + v_dim``) the cached elements a key position holds (MLA's
+    decode reads one latent that is both). Read-only (memoised)."""
+    v_dim = v_dim or head_dim
+    kv_per_key = kv_per_key or head_dim + v_dim
     per_unit = np.zeros((len(PIPES), 4))
-    per_unit[PIPE_ROW["tensor"]] = (4.0 * head_dim, 0, 0, 0)
+    per_unit[PIPE_ROW["tensor"]] = (2.0 * (head_dim + v_dim), 0, 0, 0)
     per_unit[PIPE_ROW["xu"]] = (1, 1, 0, 0)
-    per_unit[PIPE_ROW["fma"]] = (3, head_dim, 0, 0)
-    per_unit[PIPE_ROW["l2"]] = (0, 0, 2 * head_dim * q_bytes, 2 * head_dim * kv_bytes)
-    per_unit[PIPE_ROW["smem"]] = (0, 0, 2 * head_dim * q_bytes, 2 * head_dim * kv_bytes * (1 + kv_readers))
+    per_unit[PIPE_ROW["fma"]] = (3, v_dim, 0, 0)
+    per_unit[PIPE_ROW["l2"]] = (0, 0, (head_dim + v_dim) * q_bytes, kv_per_key * kv_bytes)
+    per_unit[PIPE_ROW["smem"]] = (0, 0, (head_dim + v_dim) * q_bytes, kv_per_key * kv_bytes * (1 + kv_readers))
     per_unit.flags.writeable = False
     return per_unit
 
@@ -202,7 +207,8 @@ def _task_inputs(kernel, gpu: GpuSpec, tile: AttentionTile) -> tuple[np.ndarray,
     """What :func:`_attention_tasks` needs of the kernel and GPU: the demand per unit of work
     (:func:`_demand_per_unit`), the pipes' rates and the kernel's cold DRAM bytes."""
     per_unit = _demand_per_unit(kernel.head_dim, dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype),
-                                tile.kv_readers)
+                                tile.kv_readers, kernel.v_head_dim,
+                                kernel.head_dim if getattr(kernel, "kv_shared", False) else 0)
     return per_unit, pipe_rate_vector(gpu, kernel.dtype), cold_bytes(kernel)
 
 
@@ -364,6 +370,14 @@ def _flashinfer_decode_tile(group: int, head_dim: int, kv_bytes: float) -> Atten
     return AttentionTile(group, keys_per_step, threads, 64, smem, 1, False)
 
 
+def _mla_decode_tile(head_dim: int, elem_bytes: float, kv_bytes: float) -> AttentionTile:
+    """The latent-MQA decode kernels of MLA (FlashMLA on Hopper, ``Flash_fwd_kernel_traits_mla``: 64 packed query
+    rows, 64-key blocks, 8 warps in two warpgroups each reading every K tile, Q and two K stages in shared memory;
+    the Blackwell MLA kernels are taken alike): a persistent grid of one CTA per SM."""
+    smem = int(64 * head_dim * elem_bytes + 2 * 64 * head_dim * kv_bytes)
+    return AttentionTile(64, 64, 256, 255, smem, 2, True)
+
+
 def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile, int]:
     """The tile and the number of KV splits (FA2/FA3) or pages per chunk (FlashInfer) the backend chooses. FlashInfer
     with more than FLASHINFER_DECODE_MAX_GROUP query heads per KV head runs its prefill (tensor-core) kernel, whose
@@ -373,6 +387,11 @@ def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile,
     group = kernel.num_heads // kernel.num_kv_heads
     elem, kv_b = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype)
     batch, max_kv = len(kv), int(kv.max())
+    if kernel.kv_shared:  # MLA's latent MQA: FA3's split rule over the latent (FlashMLA balances SM parts alike)
+        tile = _mla_decode_tile(kernel.head_dim, elem, kv_b)
+        m_blocks = -(-group // tile.block_m)
+        return tile, fa3_num_splits(batch * kernel.num_kv_heads * m_blocks, gpu.sm_count,
+                                    -(-max_kv // tile.block_n), max_kv * kernel.head_dim * kv_b)
     if backend == "fa2":
         # flash_api.cpp set_params_splitkv: 64-row tile, key block by head_dim, 2 CTAs per SM assumed.
         block_n = 256 if kernel.head_dim <= 64 else 128 if kernel.head_dim <= 128 else 64
@@ -401,7 +420,7 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
     tile, choice = decode_splits(kernel, gpu)
     kv = np.asarray(kernel.kv_lens, dtype=np.int64)
     group = kernel.num_heads // kernel.num_kv_heads
-    if _check(kernel, gpu) == "flashinfer":
+    if _check(kernel, gpu) == "flashinfer" and not kernel.kv_shared:
         chunk_keys = choice * kernel.page_size
         chunks = -(-kv // chunk_keys)
         splits_label = f"{choice} pages per chunk"

@@ -43,8 +43,10 @@ from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, va
 #: Weight formats: ``bf16``/``fp16`` unquantised; ``fp8`` W8A8 with per-tensor scales (vLLM/SGLang ``fp8``
 #: quantisation, dynamic activation scale); ``fp8-block`` W8A8 with 128x128 weight blocks and 1x128 activation
 #: groups (Qwen3-FP8 / DeepSeek-style checkpoints); ``mxfp4`` a checkpoint whose MoE experts are MXFP4 and the rest
-#: BF16 (gpt-oss), the experts run weight-only (:class:`servesim.kernels.types.FusedMoE`).
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block", "mxfp4")
+#: BF16 (gpt-oss), the experts run weight-only (:class:`servesim.kernels.types.FusedMoE`); ``int4`` a checkpoint
+#: whose routed experts are INT4 with 16-bit activations and the rest BF16 (Kimi-K2.5's compressed-tensors
+#: ``pack-quantized``), the experts run on Marlin MoE (:class:`servesim.kernels.types.MarlinMoE`).
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block", "mxfp4", "int4")
 #: The FP8 weight formats and the scale granularity of their linears.
 _FP8_SCALES = {"fp8": "tensor", "fp8-block": "block"}
 #: KV-cache formats, as the engines' ``--kv-cache-dtype``: ``auto`` stores K and V in the activation dtype, ``fp8``
@@ -198,16 +200,18 @@ class _Ctx:
         )
         return [collective]
 
-    def linear(self, name: str, n: int, k: int, bias: bool = False) -> list[Kernel]:
-        """A (column- or row-parallel) linear layer: one GEMM, or dynamic FP8 quantisation then a scaled MM."""
+    def linear(self, name: str, n: int, k: int, bias: bool = False, rows: int | None = None) -> list[Kernel]:
+        """A (column- or row-parallel) linear layer over ``rows`` tokens (default: the step's padded tokens): one
+        GEMM, or dynamic FP8 quantisation then a scaled MM."""
+        m = self.tokens if rows is None else rows
         scale = _FP8_SCALES.get(self.weights)
         if scale is None:
-            return [Gemm(m=self.tokens, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
+            return [Gemm(m=m, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
         block = scale == "block"
-        quant = Quantize(rows=self.tokens, cols=k, group=128 if block else 0, in_dtype=self.act,
+        quant = Quantize(rows=m, cols=k, group=128 if block else 0, in_dtype=self.act,
                          engine=self.engine.name, name=f"{name}.quant")
         mm = ScaledMM(
-            m=self.tokens, n=n, k=k, scale=scale, bias=bias, out_dtype=self.act,
+            m=m, n=n, k=k, scale=scale, bias=bias, out_dtype=self.act,
             library="" if block else self.engine.fp8_tensor_library, name=name,
         )
         return [quant, mm]
@@ -305,11 +309,13 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         Gemm(m=t, n=experts, k=model.hidden_size, bias=model.moe_bias, dtype=ctx.act, out_dtype=ctx.act,
              name="gate"),
         RouterTopK(
-            tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk"
+            tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk",
+            num_groups=model.n_group, topk_groups=model.topk_group,
         ),
         # Timed as the layer of the experts the step's tokens reach (reached_experts), each receiving an even share
         # of the pairs: the others read nothing and their grid blocks exit at once.
-        (MarlinMoE if ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin" else FusedMoE)(
+        (MarlinMoE if ctx.weights == "int4" or (ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin")
+         else FusedMoE)(
             tokens=t,
             num_experts=reached,
             top_k=top_k,
@@ -318,14 +324,32 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             expert_tokens=balanced_routing(t * top_k, reached),
             dtype="fp8" if scale else ctx.act,
             scale=scale,
-            weight_dtype="mxfp4" if ctx.weights == "mxfp4" else "",
+            weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",
             name="experts",
         ),
+        *_shared_experts(ctx),
         *ctx.all_reduce("moe.all_reduce"),
     ]
 
 
+def _shared_experts(ctx: _Ctx) -> list[Op]:
+    """DeepSeekMoE's shared experts: one TP-sharded dense MLP of ``moe_intermediate_size x n_shared_experts`` on
+    every token, its output added to the routed experts' before the layer's one all-reduce (vLLM and SGLang
+    ``DeepseekV2MoE``: ``shared_experts`` built with ``reduce_results=False``)."""
+    model = ctx.model
+    if not model.n_shared_experts:
+        return []
+    inter = model.shared_expert_intermediate_size // ctx.tp
+    return [
+        *ctx.linear("shared_experts.gate_up_proj", n=2 * inter, k=model.hidden_size),
+        SiluMul(tokens=ctx.tokens, dim=inter, dtype=ctx.act, name="shared_experts.act_fn"),
+        *ctx.linear("shared_experts.down_proj", n=model.hidden_size, k=inter),
+    ]
+
+
 def _layer(ctx: _Ctx, layer: int) -> list[Op]:
+    if ctx.model.is_mla:
+        return _mla_layer(ctx, layer)
     model, t, hd = ctx.model, ctx.tokens, ctx.model.head_dim
     # Global layer 0 starts the residual stream (plain RMSNorm); later layers, and a later stage's first layer
     # (which receives the residual), use the fused add+RMSNorm.
@@ -352,6 +376,91 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
         AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
         *_mlp(ctx, layer),
     ]
+    return ops
+
+
+def _mla_layer(ctx: _Ctx, layer: int) -> list[Op]:
+    """A DeepSeek-V3 layer (vLLM ``model_executor/models/deepseek_v2.py`` ``DeepseekV2MLAAttention`` with
+    ``v1/attention/backends/mla/common.py``; SGLang ``srt/models/deepseek_v2.py`` ``DeepseekV2AttentionMLA``): the
+    query LoRA and the KV latent come from one replicated projection of the hidden states (``fused_qkv_a_proj``),
+    each normed; q_b_proj expands the queries per head; the rotary embedding turns the 64-wide rotary parts of
+    every query head and of the one shared key; the latent (512 + 64 values) goes to the cache; then
+    :func:`_mla_attention`, o_proj, and the MLP (dense in the first ``first_k_dense_replace`` layers, else
+    DeepSeekMoE)."""
+    model, t = ctx.model, ctx.tokens
+    h, qk = ctx.heads, model.qk_nope_head_dim + model.qk_rope_head_dim
+    norm_cls = RMSNorm if layer == 0 else AddRMSNorm
+    ops: list[Op] = [norm_cls(rows=t, dim=model.hidden_size, dtype=ctx.act, name="input_layernorm")]
+    if model.q_lora_rank:
+        ops += ctx.linear("fused_qkv_a_proj", n=model.q_lora_rank + model.mla_latent_dim, k=model.hidden_size)
+        ops += [RMSNorm(rows=t, dim=model.q_lora_rank, dtype=ctx.act, name="q_a_layernorm")]
+    else:
+        ops += ctx.linear("q_proj", n=h * qk, k=model.hidden_size)
+        ops += ctx.linear("kv_a_proj_with_mqa", n=model.mla_latent_dim, k=model.hidden_size)
+    ops += [RMSNorm(rows=t, dim=model.kv_lora_rank, dtype=ctx.act, name="kv_a_layernorm")]
+    if model.q_lora_rank:
+        ops += ctx.linear("q_b_proj", n=h * qk, k=model.q_lora_rank)
+    ops += [
+        Rope(tokens=t, num_heads=h, num_kv_heads=1, head_dim=model.qk_rope_head_dim, dtype=ctx.act,
+             name="rotary_emb"),
+        KvWrite(tokens=ctx.batch.num_tokens, num_kv_heads=1, head_dim=model.mla_latent_dim, dtype=ctx.act,
+                kv_dtype=ctx.kv, kv_shared=True, name="kv_cache_write"),
+        *_mla_attention(ctx),
+        *ctx.linear("o_proj", n=model.hidden_size, k=h * model.v_head_dim),
+        *ctx.all_reduce("attn.all_reduce"),
+        AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
+        *_mlp(ctx, layer),
+    ]
+    return ops
+
+
+#: KV-cache page of the MLA backends where it differs from the engine's MHA page: vLLM's FlashAttention MLA,
+#: FlashMLA and FlashInfer MLA backends take 64-token blocks.
+_MLA_PAGE_SIZES = {"vllm": 64}
+
+
+def _mla_attention(ctx: _Ctx) -> list[Kernel]:
+    """MLA's attention between the cache write and o_proj, as both engines split it by request:
+
+    - prompt chunks in the MHA form: kv_b_proj expands the new tokens' latents into per-head K-nope and V, and a
+      ragged causal attention with 192-wide Q/K heads (128 no-rotary + 64 rotary) and 128-wide V runs over them;
+      a chunk with cached context also expands the context's latents read back from the cache and attends to them
+      without a mask (its two partial results merged);
+    - decoding requests in the absorbed form: each head's query is multiplied into the latent space (the W_UK
+      batched matmul, 128 -> 512 a head), an MQA over the cached 576-wide latents gives a 512-wide latent output,
+      and the W_UV batched matmul takes it back to 128 a head. The batched matmuls are timed as one GEMM of the
+      heads side by side (same FLOPs and weights; each head's input is read once, not once per head).
+
+    With the decode step graphed, its kernels see the padded batch."""
+    batch, model = ctx.batch, ctx.model
+    h, qk, v = ctx.heads, model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
+    common = dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
+    decodes = len(batch.decodes)
+    ops: list[Kernel] = []
+    if decodes:
+        rows = ctx.tokens if batch.is_decode_only else decodes
+        ops += [
+            Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
+                 name="q_nope.W_UK_T (bmm)"),
+            AttentionDecode(kv_lens=batch.kv_lens[:decodes], num_heads=h, num_kv_heads=1,
+                            head_dim=model.mla_latent_dim, v_head_dim=model.kv_lora_rank, kv_shared=True,
+                            name="attn.decode (latent MQA)", **common),
+            Gemm(m=rows, n=h * v, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act, name="W_UV (bmm)"),
+        ]
+    if batch.is_decode_only:
+        return ops
+    query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
+    kv_b = h * (model.qk_nope_head_dim + v)
+    ops += ctx.linear("kv_b_proj", n=kv_b, k=model.kv_lora_rank, rows=sum(query))
+    ops.append(AttentionPrefill(query_lens=query, kv_lens=query, kv_layout="ragged", num_heads=h, num_kv_heads=h,
+                                head_dim=qk, v_head_dim=v, name="attn.prefill (MHA form)", **common))
+    cached = [(q, k - q) for q, k in zip(query, kv) if k > q]
+    if cached:
+        ops += ctx.linear("kv_b_proj (context)", n=kv_b, k=model.kv_lora_rank, rows=sum(c[1] for c in cached))
+        ops.append(AttentionPrefill(query_lens=tuple(c[0] for c in cached), kv_lens=tuple(c[1] for c in cached),
+                                    causal=False, kv_layout="ragged", num_heads=h, num_kv_heads=h, head_dim=qk,
+                                    v_head_dim=v, name="attn.prefill context", **common))
     return ops
 
 
@@ -474,7 +583,13 @@ def expand(
 
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
     """Refuse a weight format the model's checkpoint cannot be served in: ``mxfp4`` is the format of checkpoints
-    that ship MXFP4 experts (gpt-oss), which no engine makes of another checkpoint."""
+    that ship MXFP4 experts (gpt-oss), which no engine makes of another checkpoint; ``int4`` likewise of a
+    compressed-tensors checkpoint with INT4 experts (Kimi-K2.5)."""
+    if dtype == "int4" and (model.checkpoint_quant != "compressed-tensors" or not model.is_moe):
+        declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
+        raise ServesimError(
+            f"{model.name} is not a checkpoint with INT4 experts (its config.json {declared}); --dtype int4 is the "
+            f"format of compressed-tensors MoE checkpoints such as Kimi-K2.5's; use bf16 or fp8")
     if dtype == "mxfp4" and (model.checkpoint_quant != "mxfp4" or not model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
         raise ServesimError(
@@ -560,6 +675,8 @@ def step_part(
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
     if part == "sampled_rows":
         return tuple(_sampled_rows(ctx, plan))
+    if model.is_mla:  # every MLA op whose shape follows the requests' lengths (the expansions of cached context)
+        return tuple(_mla_attention(ctx))
     return tuple(op for layer in range(model.attention_cycle_layers)
                  for op in _attention(ctx, model.attention_window(layer)))
 

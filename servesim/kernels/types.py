@@ -227,7 +227,8 @@ class AttentionPrefill(Kernel):
     (keys taken from the contiguous new K/V of this step). ``backend`` names the engine's kernel library
     (``fa3``, ``fa2``, ``flashinfer``, ``trtllm``). ``window`` > 0 is a causal sliding window: each query sees at
     most ``window`` keys, itself included (FlashAttention's ``window_size=(window - 1, 0)``), and the kernel reads
-    only the last ``query_len + window - 1`` keys of a request.
+    only the last ``query_len + window - 1`` keys of a request. ``v_head_dim`` > 0 is a value head narrower than
+    the query/key head (MLA's prefill form: 192-wide Q and K, 128-wide V).
     """
 
     category: ClassVar[str] = "attn_prefill"
@@ -243,10 +244,15 @@ class AttentionPrefill(Kernel):
     l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
     kv_dtype: str = "bf16"
     window: int = 0
+    v_head_dim: int = 0  # 0: head_dim
 
     def __post_init__(self) -> None:
         if self.window and not self.causal:
             raise ValueError("a sliding window needs causal attention")
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     def keys_read(self) -> tuple[int, ...]:
         """Keys each request's attention reads: all ``kv_lens``, or under a window the last ``q + window - 1``."""
@@ -256,24 +262,32 @@ class AttentionPrefill(Kernel):
 
     def flops(self) -> float:
         pairs = sum(_attended_pairs(q, kv, self.causal, self.window) for q, kv in zip(self.query_lens, self.kv_lens))
-        return 4.0 * self.num_heads * self.head_dim * pairs  # QK^T and PV, two FLOPs per multiply-add each
+        # QK^T and PV, two FLOPs per multiply-add each
+        return 2.0 * self.num_heads * (self.head_dim + self.value_dim) * pairs
 
     def bytes_moved(self) -> float:
-        q_elems = sum(self.query_lens) * self.num_heads * self.head_dim
-        kv_elems = 2 * sum(self.keys_read()) * self.num_kv_heads * self.head_dim
-        return 2 * q_elems * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
+        tokens = sum(self.query_lens) * self.num_heads
+        kv_elems = sum(self.keys_read()) * self.num_kv_heads * (self.head_dim + self.value_dim)
+        q_out = tokens * (self.head_dim + self.value_dim)
+        return q_out * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
 
     def shape(self) -> str:
         window = f" window={self.window}" if self.window else ""
+        dims = f"{self.head_dim}/{self.v_head_dim}" if self.v_head_dim else f"{self.head_dim}"
         return (
             f"{len(self.query_lens)} req q={sum(self.query_lens)} kv={sum(self.kv_lens)} "
-            f"h={self.num_heads}/{self.num_kv_heads}x{self.head_dim} {self.kv_layout} {self.backend}{window}"
+            f"h={self.num_heads}/{self.num_kv_heads}x{dims} {self.kv_layout} {self.backend}{window}"
         )
 
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionDecode(Kernel):
-    """One new query token per request attending to ``kv_lens[i]`` keys (new token included) in the paged cache."""
+    """One new query token per request attending to ``kv_lens[i]`` keys (new token included) in the paged cache.
+
+    ``kv_shared``: keys and values are one cached tensor, each value the first ``v_head_dim`` values of its key,
+    read once: the absorbed decode of multi-head latent attention, an MQA (one KV head) over the 576-wide latent
+    (512 compressed values and the 64-wide rotary key) whose output is the 512-wide latent (FlashMLA, CUTLASS MLA,
+    FlashInfer/TRT-LLM-gen MLA, FA3 with a separate ``qv``)."""
 
     category: ClassVar[str] = "attn_decode"
     kv_lens: tuple[int, ...]
@@ -284,19 +298,35 @@ class AttentionDecode(Kernel):
     backend: str = "fa3"
     l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
     kv_dtype: str = "bf16"
+    v_head_dim: int = 0  # 0: head_dim
+    kv_shared: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_shared and self.v_head_dim > self.head_dim:
+            raise ValueError("a value shared with its key cannot be wider than the key")
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def kv_elements_per_key(self) -> int:
+        """Cached elements one key position holds per KV head: K and V, or the one shared latent."""
+        return self.head_dim if self.kv_shared else self.head_dim + self.value_dim
 
     def flops(self) -> float:
-        return 4.0 * self.num_heads * self.head_dim * sum(self.kv_lens)
+        return 2.0 * self.num_heads * (self.head_dim + self.value_dim) * sum(self.kv_lens)
 
     def bytes_moved(self) -> float:
-        q_elems = len(self.kv_lens) * self.num_heads * self.head_dim
-        kv_elems = 2 * sum(self.kv_lens) * self.num_kv_heads * self.head_dim
-        return 2 * q_elems * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
+        q_out = len(self.kv_lens) * self.num_heads * (self.head_dim + self.value_dim)
+        kv_elems = sum(self.kv_lens) * self.num_kv_heads * self.kv_elements_per_key
+        return q_out * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
 
     def shape(self) -> str:
+        dims = f"{self.head_dim}/{self.v_head_dim}" if self.v_head_dim else f"{self.head_dim}"
         return (
             f"{len(self.kv_lens)} req kv={sum(self.kv_lens)} "
-            f"h={self.num_heads}/{self.num_kv_heads}x{self.head_dim} paged {self.backend}"
+            f"h={self.num_heads}/{self.num_kv_heads}x{dims} paged {self.backend}" + (" latent" if self.kv_shared else "")
         )
 
 
@@ -379,19 +409,21 @@ class Rope(Kernel):
 @dataclass(frozen=True, kw_only=True)
 class KvWrite(Kernel):
     """Scatter the new K and V of ``tokens`` tokens into the paged KV cache (vLLM ``reshape_and_cache_flash``,
-    SGLang ``set_kv_buffer``)."""
+    SGLang ``set_kv_buffer``). ``kv_shared``: one tensor per token instead of K and V (MLA's latent, vLLM
+    ``concat_and_cache_mla``)."""
 
     category: ClassVar[str] = "kv_write"
     tokens: int
     num_kv_heads: int
     head_dim: int
     kv_dtype: str = "bf16"
+    kv_shared: bool = False
 
     def flops(self) -> float:
         return 0.0
 
     def bytes_moved(self) -> float:
-        elems = 2 * self.tokens * self.num_kv_heads * self.head_dim
+        elems = (1 if self.kv_shared else 2) * self.tokens * self.num_kv_heads * self.head_dim
         return elems * (dtype_bytes(self.dtype) + dtype_bytes(self.kv_dtype)) + 8 * self.tokens  # + slot index
 
     def shape(self) -> str:
@@ -419,7 +451,11 @@ class Embedding(Kernel):
 
 @dataclass(frozen=True, kw_only=True)
 class RouterTopK(Kernel):
-    """Softmax over ``num_experts`` router logits and top-``top_k`` selection (renormalised or not) per token."""
+    """Softmax over ``num_experts`` router logits and top-``top_k`` selection (renormalised or not) per token.
+
+    ``num_groups`` > 0: DeepSeek-V3's grouped selection (sigmoid scores plus a correction bias, each group scored by
+    its best two, the top ``topk_groups`` groups kept, top-k within them; vLLM ``grouped_topk``), one more pass
+    over the logits."""
 
     category: ClassVar[str] = "router_topk"
     dtype: str = "fp32"
@@ -427,8 +463,12 @@ class RouterTopK(Kernel):
     num_experts: int
     top_k: int
     renormalize: bool
+    num_groups: int = 0
+    topk_groups: int = 0
 
     def flops(self) -> float:
+        if self.num_groups:
+            return 6.0 * self.tokens * self.num_experts
         return 4.0 * self.tokens * self.num_experts
 
     def bytes_moved(self) -> float:
@@ -436,7 +476,8 @@ class RouterTopK(Kernel):
         return logits + self.tokens * self.top_k * (4 + 4)  # fp32 weight and int32 id per choice
 
     def shape(self) -> str:
-        return f"{self.tokens} tok E={self.num_experts} top{self.top_k}"
+        groups = f" groups {self.topk_groups}/{self.num_groups}" if self.num_groups else ""
+        return f"{self.tokens} tok E={self.num_experts} top{self.top_k}{groups}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,13 @@ import numpy as np
 from servesim.errors import ServesimError
 
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss",
+                         "deepseek_v3", "kimi_k2", "kimi_k25")
+#: Multi-head latent attention and DeepSeekMoE (DeepSeek-V3/R1; Kimi-K2 and the text model of Kimi-K2.5, whose
+#: ``text_config`` is a DeepSeek-V3 config): vLLM and SGLang ``models/deepseek_v2.py``.
+_MLA_TYPES = ("deepseek_v3", "kimi_k2")
+#: Multimodal wrappers whose ``text_config`` holds the language model servesim times (the vision tower is left out).
+_TEXT_CONFIG_TYPES = ("kimi_k25",)
 #: Architectures whose ``intermediate_size`` is each expert's width, every layer being MoE.
 _ALL_MOE_TYPES = ("mixtral", "minimax_m2", "gpt_oss")
 #: Per-head RMSNorm of Q and K over ``head_dim`` (Qwen3).
@@ -66,10 +72,36 @@ class ModelConfig:
     sliding_window: int = 0  # keys a sliding layer's query sees, itself included
     sliding_layer_indices: tuple[int, ...] = ()
     checkpoint_quant: str = ""
+    # Multi-head latent attention (DeepSeek-V3): zero for other attention. ``head_dim`` is then the query/key head
+    # of the prefill (MHA) form, qk_nope_head_dim + qk_rope_head_dim, and ``num_kv_heads`` equals the query heads.
+    q_lora_rank: int = 0  # 0: queries projected straight from the hidden states (no q_a/q_b pair)
+    kv_lora_rank: int = 0  # width of the compressed KV latent each token caches
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0  # the rotary part of each query head and the one rotary key all heads share
+    v_head_dim: int = 0
+    # DeepSeekMoE: shared experts run as one dense MLP of moe_intermediate_size x n_shared_experts beside the
+    # routed ones; routing picks the top topk_group of n_group expert groups, then top-k experts within them.
+    n_shared_experts: int = 0
+    n_group: int = 0
+    topk_group: int = 0
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: each token caches one ``kv_lora_rank + qk_rope_head_dim`` latent per layer."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def mla_latent_dim(self) -> int:
+        """Elements one token's MLA cache entry holds in one layer (the latent and the shared rotary key)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def shared_expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size * self.n_shared_experts
 
     @property
     def rope_dim(self) -> int:
@@ -107,7 +139,21 @@ class ModelConfig:
         """Weights of the Q and K norms: one ``head_dim`` vector each per head norm, all of Q and K per layer norm."""
         return {"": 0, "head": 2 * self.head_dim, "layer": self.q_size + self.kv_size}[self.qk_norm]
 
+    def mla_params_per_layer(self) -> int:
+        """MLA's weights: q_a_proj, q_a_layernorm and q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_a_layernorm,
+        kv_b_proj (the per-head K-nope and V up-projections) and o_proj."""
+        heads, qk = self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank:
+            q = self.hidden_size * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * qk
+        else:
+            q = self.hidden_size * heads * qk
+        kv = self.hidden_size * self.mla_latent_dim + self.kv_lora_rank
+        kv += self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * self.hidden_size
+
     def attention_params_per_layer(self) -> int:
+        if self.is_mla:
+            return self.mla_params_per_layer()
         params = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
         if self.attention_bias:
             params += self.q_size + 2 * self.kv_size
@@ -130,9 +176,15 @@ class ModelConfig:
             return 0
         return self.num_experts * (1 + 2 * self.moe_intermediate_size + self.hidden_size)
 
+    def shared_expert_params(self) -> int:
+        """Weights of a MoE layer's shared experts (one dense MLP of ``shared_expert_intermediate_size``)."""
+        return 3 * self.hidden_size * self.shared_expert_intermediate_size
+
     def moe_mlp_params(self) -> int:
         router = self.hidden_size * self.num_experts
-        return self.num_experts * self.expert_params() + router + self.moe_bias_params()
+        if self.n_group:  # DeepSeek-V3's router also keeps a per-expert score-correction bias
+            router += self.num_experts
+        return self.num_experts * self.expert_params() + router + self.moe_bias_params() + self.shared_expert_params()
 
     def layer_params(self, layer: int) -> int:
         mlp = self.moe_mlp_params() if self.is_moe_layer(layer) else self.dense_mlp_params()
@@ -155,8 +207,11 @@ class ModelConfig:
         return total - len(self.moe_layer_indices) * inactive_experts * self.expert_params()
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
-        """KV-cache bytes one token occupies across the whole model (K and V, every layer). Sliding-window layers
-        keep only their window's tokens, so a long context costs less (servesim/models/memory.py)."""
+        """KV-cache bytes one token occupies across the whole model (K and V, every layer; MLA: the one latent of
+        ``mla_latent_dim`` values a layer). Sliding-window layers keep only their window's tokens, so a long context
+        costs less (servesim/models/memory.py)."""
+        if self.is_mla:
+            return self.num_layers * self.mla_latent_dim * kv_dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
 
@@ -195,6 +250,17 @@ def _count(value: Any, key: str, source: str) -> int:
 def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> ModelConfig:
     """Build a :class:`ModelConfig` from the keys of a Hugging Face ``config.json``."""
     model_type = cfg.get("model_type", "")
+    if model_type in _TEXT_CONFIG_TYPES:
+        text = cfg.get("text_config")
+        if not isinstance(text, Mapping):
+            raise ServesimError(f"model config {source!r}: model_type {model_type!r} needs a text_config object "
+                                f"holding the language model's keys")
+        # The wrapper's quantisation section, if any, applies when the text model declares none.
+        cfg = {"quantization_config": cfg.get("quantization_config"), **text}
+        model_type = cfg.get("model_type", "")
+        if model_type not in _MLA_TYPES:
+            raise ServesimError(f"model config {source!r}: its text_config has model_type {model_type!r}; servesim "
+                                f"reads {', '.join(_MLA_TYPES)} there")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ServesimError(
             f"model {name!r} has model_type {model_type!r}; servesim supports {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -214,11 +280,20 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
                             f"attention heads; give head_dim")
     head_dim = _count(_first(cfg, "head_dim", default=hidden // heads), "head_dim", source)
 
-    num_experts = int(_first(cfg, "num_experts", "num_local_experts", default=0))
+    mla = _mla_fields(cfg, source) if model_type in _MLA_TYPES else {}
+    if mla:
+        head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+        kv_heads = heads  # the prefill (MHA) form: every query head has its own K and V
+    num_experts = int(_first(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0))
     moe_layers: tuple[int, ...] = ()
     moe_intermediate = 0
     if num_experts:
-        if model_type in _ALL_MOE_TYPES:
+        if mla:
+            moe_intermediate = _count(cfg.get("moe_intermediate_size"), "moe_intermediate_size", source)
+            first_dense = int(cfg.get("first_k_dense_replace", 0) or 0)
+            freq = int(cfg.get("moe_layer_freq", 1) or 1)
+            moe_layers = tuple(i for i in range(layers) if i >= first_dense and i % freq == 0)
+        elif model_type in _ALL_MOE_TYPES:
             moe_intermediate = intermediate
             moe_layers = tuple(range(layers))
         else:
@@ -264,7 +339,27 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         sliding_window=window,
         sliding_layer_indices=sliding_layers,
         checkpoint_quant=checkpoint_quant(cfg.get("quantization_config")),
+        **mla,
     )
+
+
+def _mla_fields(cfg: Mapping[str, Any], source: str) -> dict[str, int]:
+    """The MLA and DeepSeekMoE keys of a DeepSeek-V3-style config (``q_lora_rank`` may be null: no query LoRA)."""
+    fields = {key: _count(cfg.get(key), key, source)
+              for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    q_lora = cfg.get("q_lora_rank")
+    fields["q_lora_rank"] = 0 if q_lora is None else _count(q_lora, "q_lora_rank", source)
+    if cfg.get("n_routed_experts"):
+        fields["n_shared_experts"] = int(cfg.get("n_shared_experts") or 0)
+        groups = int(cfg.get("n_group") or 1)
+        topk_groups = int(cfg.get("topk_group") or 1)
+        experts = int(cfg["n_routed_experts"])
+        if experts % groups or not 1 <= topk_groups <= groups:
+            raise ServesimError(f"model config {source!r}: {experts} routed experts in n_group {groups} groups, "
+                                f"topk_group {topk_groups}: the groups must split the experts evenly and topk_group "
+                                f"be 1 to n_group")
+        fields["n_group"], fields["topk_group"] = groups, topk_groups
+    return fields
 
 
 def _qk_norm(cfg: Mapping[str, Any], model_type: str) -> str:

@@ -30,6 +30,7 @@ STORAGE_DTYPES = ("bf16", "fp16", "fp8")
 #: embeddings, LM head).
 WEIGHT_FORMATS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "bf16"), "fp16": ("fp16", "fp16"), "fp8": ("fp8", "fp8"), "mxfp4": ("bf16", "mxfp4"),
+    "int4": ("bf16", "int4"),
 }
 
 GIB = 2**30
@@ -50,6 +51,8 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
     if weight_dtype not in WEIGHT_FORMATS:
         raise ServesimError(f"unknown weight format {weight_dtype!r}; use one of {', '.join(WEIGHT_FORMATS)}")
     linear_dtype, expert_dtype = WEIGHT_FORMATS[weight_dtype]
+    if model.is_mla:
+        return _mla_layer_weight_bytes_per_gpu(model, tp, layer, linear_dtype, expert_dtype)
     hidden, head_dim = model.hidden_size, model.head_dim
     q_per_gpu = model.q_size / tp
     kv_per_gpu = kv_heads_per_gpu(model, tp) * head_dim
@@ -72,6 +75,32 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
     return linear * DTYPE_BYTES[linear_dtype] + experts * DTYPE_BYTES[expert_dtype] + other_bytes
 
 
+def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, linear_dtype: str,
+                                    expert_dtype: str) -> float:
+    """One MLA/DeepSeekMoE layer on one GPU (vLLM ``deepseek_v2.py``): q_a_proj and kv_a_proj_with_mqa are
+    replicated (every GPU projects the whole latent), q_b_proj, kv_b_proj and o_proj are split by head; the
+    absorbed decode keeps a 16-bit copy of kv_b_proj's K and V halves (``W_UK_T``, ``W_UV``, made at load). The
+    shared experts and the dense MLPs of the first layers are TP-sharded like the routed experts; the router and
+    its score-correction bias are whole."""
+    hidden, heads = model.hidden_size, model.num_attention_heads / tp
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    kv_b = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
+    replicated = hidden * (model.q_lora_rank + model.mla_latent_dim) if model.q_lora_rank else (
+        hidden * model.mla_latent_dim)
+    split = (model.q_lora_rank or hidden) * heads * qk + kv_b + heads * model.v_head_dim * hidden
+    norms = 2 * hidden + model.q_lora_rank + model.kv_lora_rank
+    linear = replicated + split
+    other_bytes = (norms + kv_b) * 2
+    experts = 0.0
+    if model.is_moe_layer(layer):
+        experts = model.num_experts * 3 * hidden * model.moe_intermediate_size / tp
+        linear += 3 * hidden * model.shared_expert_intermediate_size / tp
+        other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype] + 4 * model.num_experts
+    else:
+        linear += 3 * hidden * model.intermediate_size / tp
+    return linear * DTYPE_BYTES[linear_dtype] + experts * DTYPE_BYTES[expert_dtype] + other_bytes
+
+
 def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weight_dtype: str = "bf16") -> float:
     """Weight bytes one GPU of ``stage`` holds: its layers, plus the embedding (first stage) and the final norm and
     LM head (last stage). Embedding and LM head are vocab-parallel over TP and stay 16-bit in every format."""
@@ -88,6 +117,10 @@ def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weigh
 
 
 def _kv_bytes_per_token_of_layers(model: ModelConfig, par: Parallelism, layers: int, kv_dtype: str) -> float:
+    """K and V of ``layers`` layers, split by TP over the KV heads; MLA's latent is whole on every GPU (each TP rank
+    caches every token's ``kv_lora_rank + qk_rope_head_dim`` values, as the engines' MLA backends do)."""
+    if model.is_mla:
+        return layers * model.mla_latent_dim * dtype_bytes(kv_dtype)
     return 2 * layers * kv_heads_per_gpu(model, par.tp) * model.head_dim * dtype_bytes(kv_dtype)
 
 

@@ -1,0 +1,134 @@
+"""DeepSeek-V3/R1 and Kimi-K2.5: multi-head latent attention and DeepSeekMoE.
+
+Published figures: DeepSeek-V3 technical report (arXiv 2412.19437: 671B total, 37B activated parameters; 61 layers,
+the first 3 dense; 256 routed experts top-8 plus 1 shared; MLA with a 512-wide KV latent and 64-wide rotary key);
+Kimi-K2 model card (1T total, 32B activated; 384 experts, 64 heads, 1 dense layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from servesim.cli import main
+from servesim.errors import ServesimError
+from servesim.hardware import get_gpu
+from servesim.kernels.batch import BatchSpec, PrefillChunk
+from servesim.kernels.expand import expand, step_part
+from servesim.kernels.types import AttentionDecode, AttentionPrefill, FusedMoE, KvWrite, MarlinMoE
+from servesim.models import get_model
+from servesim.models.config import config_from_hf_dict
+from servesim.models.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+from servesim.models.parallel import Parallelism
+
+H200, B200 = get_gpu("H200"), get_gpu("B200")
+R1 = get_model("deepseek-r1")
+KIMI = get_model("kimi-k2.5")
+AIC_CONFIGS = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/aiconfigurator_core/model_configs"
+
+
+def _ops(step, kind):
+    return [s.op for s in step.kernels if isinstance(s.op, kind)]
+
+
+def test_deepseek_r1_config_loads_to_its_dense_and_moe_layers():
+    m = R1
+    assert m.is_mla and m.model_type == "deepseek_v3" and m.checkpoint_quant == "fp8-block"
+    assert (m.num_layers, len(m.moe_layer_indices), m.moe_layer_indices[0]) == (61, 58, 3)
+    assert (m.num_experts, m.num_experts_per_tok, m.n_shared_experts, m.n_group, m.topk_group) == (256, 8, 1, 8, 4)
+    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.head_dim, m.v_head_dim, m.q_lora_rank) == (512, 64, 192, 128, 1536)
+    assert m.total_params() == pytest.approx(671e9, rel=0.01)
+    assert m.active_params() == pytest.approx(37e9, rel=0.03)
+
+
+@pytest.mark.skipif(not AIC_CONFIGS.is_dir(), reason="aiconfigurator-core's model configs are not installed")
+def test_kimi_k25_config_json_reads_its_text_config():
+    raw = json.loads((AIC_CONFIGS / "moonshotai--Kimi-K2.5_config.json").read_text())
+    m = config_from_hf_dict(raw, "kimi", "kimi")
+    assert m == dataclasses.replace(KIMI, name="kimi", source="kimi")
+    assert (m.num_attention_heads, m.num_experts, len(m.moe_layer_indices), m.checkpoint_quant) == (
+        64, 384, 60, "compressed-tensors")
+    assert m.total_params() == pytest.approx(1.03e12, rel=0.02)
+
+
+def test_a_wrapper_without_text_config_is_one_line_error():
+    with pytest.raises(ServesimError, match="text_config"):
+        config_from_hf_dict({"model_type": "kimi_k25"}, "x", "x.json")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_kv_bytes_per_token_are_the_whole_latent_on_every_gpu(tp):
+    per_gpu = kv_bytes_per_token_per_gpu(R1, Parallelism(tp, 1), 0, "bf16")
+    assert per_gpu == (512 + 64) * 61 * 2  # not divided by TP: each rank caches every token's latent
+    assert kv_bytes_per_token_per_gpu(R1, Parallelism(tp, 1), 0, "fp8") == (512 + 64) * 61
+    assert R1.kv_bytes_per_token(2) == per_gpu
+
+
+def test_weights_split_by_tp_but_the_latent_projection_is_replicated():
+    w1 = weight_bytes_per_gpu(R1, Parallelism(1, 1), 0, "fp8")
+    w8 = weight_bytes_per_gpu(R1, Parallelism(8, 1), 0, "fp8")
+    assert w1 / 8 < w8 < w1 / 7
+    assert 75 * 2**30 < w8 < 85 * 2**30  # ~671 GB of FP8 over 8 GPUs
+
+
+def test_decode_attention_reads_the_latent_cache():
+    step = expand("vllm", R1, H200, BatchSpec(decodes=(4096,) * 16), tp=8, dtype="fp8-block")
+    (attn,) = {op for op in _ops(step, AttentionDecode)}
+    assert (attn.num_kv_heads, attn.head_dim, attn.v_head_dim, attn.kv_shared, attn.num_heads) == (
+        1, 576, 512, True, 16)
+    # one latent per cached token, read once: K and V are the same bytes
+    assert attn.bytes_moved() == pytest.approx(sum(attn.kv_lens) * 576 * 2 + 16 * 16 * (576 + 512) * 2)
+    (write,) = {op for op in _ops(step, KvWrite)}
+    assert write.kv_shared and write.head_dim == 576
+    assert not _ops(step, AttentionPrefill)
+
+
+def test_prefill_runs_the_mha_form_and_cached_context_costs_more():
+    fresh = expand("vllm", R1, H200, BatchSpec((PrefillChunk(2048),)), tp=8, dtype="fp8-block")
+    (attn,) = {op for op in _ops(fresh, AttentionPrefill)}
+    assert (attn.head_dim, attn.v_head_dim, attn.num_kv_heads, attn.num_heads) == (192, 128, 16, 16)
+    cached = expand("vllm", R1, H200, BatchSpec((PrefillChunk(2048, 8192),)), tp=8, dtype="fp8-block")
+    assert cached.flops > fresh.flops
+    assert len(step_part("attention", "vllm", R1, H200, BatchSpec((PrefillChunk(2048, 8192),)), tp=8,
+                         dtype="fp8-block")) > len(step_part("attention", "vllm", R1, H200,
+                                                             BatchSpec((PrefillChunk(2048),)), tp=8,
+                                                             dtype="fp8-block"))
+
+
+def test_shared_experts_add_flops_and_moe_layers_route_grouped():
+    batch = BatchSpec((PrefillChunk(512),))
+    with_shared = expand("sglang", R1, H200, batch, tp=8, dtype="fp8-block")
+    without = expand("sglang", dataclasses.replace(R1, n_shared_experts=0), H200, batch, tp=8, dtype="fp8-block")
+    extra = with_shared.flops - without.flops
+    assert extra == pytest.approx(58 * 2 * 512 * 3 * 7168 * 2048 / 8, rel=0.01)
+    moe = with_shared.layer_ops(3)
+    assert any(type(op).__name__ == "RouterTopK" and op.num_groups == 8 and op.topk_groups == 4 for op in moe)
+    assert any(isinstance(op, FusedMoE) for op in moe) and not any(isinstance(op, FusedMoE)
+                                                                   for op in with_shared.layer_ops(2))
+
+
+def test_int4_experts_run_on_marlin_and_only_for_int4_checkpoints():
+    step = expand("vllm", KIMI, B200, BatchSpec(decodes=(1024,) * 8), tp=8, dtype="int4")
+    (moe,) = {op for op in _ops(step, MarlinMoE)}
+    assert moe.weight_dtype == "int4"
+    with pytest.raises(ServesimError, match="INT4 experts"):
+        expand("vllm", R1, H200, BatchSpec(decodes=(1,)), tp=8, dtype="int4")
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "deepseek-r1", "--gpu", "H200", "--dtype", "fp8-block"],
+    ["--model", "kimi-k2.5", "--gpu", "B200", "--dtype", "int4"],
+])
+def test_latency_runs_and_twice_the_prompt_costs_more(args):
+    ttft = []
+    for input_len in (1024, 2048):
+        result = CliRunner().invoke(main, ["latency", *args, "--tp", "8", "--batch-size", "4", "--input-len",
+                                           str(input_len), "--output-len", "4"])
+        assert result.exit_code == 0, result.output
+        row = next(line for line in result.output.splitlines() if line.strip() and line.strip()[0].isdigit())
+        ttft.append(float(row.split()[1]))
+    assert ttft[1] > ttft[0]

@@ -114,7 +114,10 @@ def test_shared_experts_add_flops_and_moe_layers_route_grouped():
 def test_int4_experts_run_on_marlin_and_only_for_int4_checkpoints():
     step = expand("vllm", KIMI, B200, BatchSpec(decodes=(1024,) * 8), tp=8, dtype="int4")
     (moe,) = {op for op in _ops(step, MarlinMoE)}
-    assert moe.weight_dtype == "int4"
+    assert (moe.weight_dtype, moe.weight_group) == ("int4", 32)
+    assert moe.weight_element_bytes == 4.5 / 8  # 4-bit values and one BF16 scale per 32
+    # Kimi-K2.5's ~1T parameters, experts at 4.5 bits and the rest BF16, over 8 GPUs
+    assert 65 * 2**30 < weight_bytes_per_gpu(KIMI, Parallelism(8, 1), 0, "int4") < 75 * 2**30
     with pytest.raises(ServesimError, match="INT4 experts"):
         expand("vllm", R1, H200, BatchSpec(decodes=(1,)), tp=8, dtype="int4")
 

@@ -64,7 +64,7 @@ def _grouped_gemm(kernel: FusedMoE, gpu: GpuSpec, n: int, k: int, cfg: dict[str,
     pid_n = (pid % per_group) // group_rows
     rows = np.where(pid_m < len(block_rows), block_rows[np.minimum(pid_m, max(len(block_rows) - 1, 0))], 0)
     cols = np.minimum(cfg["n"], n - pid_n * cfg["n"])
-    b, wb = dtype_bytes(kernel.dtype), dtype_bytes(kernel.stored_dtype)  # activations, weights
+    b, wb = dtype_bytes(kernel.dtype), kernel.weight_element_bytes  # activations, weights
     active = rows > 0
 
     def demand(r, c):
@@ -149,7 +149,7 @@ def _marlin_gemm(kernel: MarlinMoE, gpu: GpuSpec, n: int, k: int, block_m: int, 
     cols = np.minimum(thread_n, n - pid_n * thread_n)
     depth = np.full(len(pid), -(-k // slices))
     depth[pid_k == slices - 1] = k - (slices - 1) * depth[0]
-    wb = dtype_bytes(kernel.stored_dtype)
+    wb = kernel.weight_element_bytes
     out_bytes = 4 if slices > 1 else 2  # K-slices reduce in FP32 (use_fp32_reduce)
 
     def demand(r):

@@ -325,6 +325,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             dtype="fp8" if scale else ctx.act,
             scale=scale,
             weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",
+            weight_group=model.int4_group_size if ctx.weights == "int4" else 0,
             name="experts",
         ),
         *_shared_experts(ctx),

@@ -505,6 +505,7 @@ class FusedMoE(Kernel):
     expert_tokens: tuple[int, ...]
     scale: str = ""  # "", or the ScaledMM granularity when dtype is fp8
     weight_dtype: str = ""
+    weight_group: int = 0  # INT4 weights: one BF16 scale per this many (0: 128, INT4_BITS_PER_WEIGHT)
 
     def routed_pairs(self) -> int:
         return sum(self.expert_tokens)
@@ -517,17 +518,25 @@ class FusedMoE(Kernel):
         """The expert weights' storage dtype."""
         return self.weight_dtype or self.dtype
 
+    @property
+    def weight_element_bytes(self) -> float:
+        """Bytes one expert weight takes, its scales' share included."""
+        if self.stored_dtype == "int4" and self.weight_group:
+            return (4 + 16 / self.weight_group) / 8
+        return dtype_bytes(self.stored_dtype)
+
     def flops(self) -> float:
         return 6.0 * self.routed_pairs() * self.hidden * self.intermediate
 
     def bytes_moved(self) -> float:
-        weights = self.active_experts() * 3 * self.hidden * self.intermediate * dtype_bytes(self.stored_dtype)
+        weights = self.active_experts() * 3 * self.hidden * self.intermediate * self.weight_element_bytes
         act = 2 * self.tokens * self.hidden * 2  # bf16 hidden in and out
         routed = self.routed_pairs() * 3 * self.intermediate * 2  # gate/up out (2I) and SiLU&Mul out (I), bf16
         return weights + act + routed
 
     def shape(self) -> str:
         weights = f" w={self.weight_dtype}" if self.weight_dtype else ""
+        weights += f"/g{self.weight_group}" if self.weight_group else ""
         return (
             f"{self.tokens} tok E={self.num_experts} top{self.top_k} h={self.hidden} i={self.intermediate} "
             f"active={self.active_experts()}{weights}"

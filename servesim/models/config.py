@@ -84,6 +84,7 @@ class ModelConfig:
     n_shared_experts: int = 0
     n_group: int = 0
     topk_group: int = 0
+    int4_group_size: int = 0  # a compressed-tensors INT4 checkpoint's weights per scale (Kimi-K2.5: 32); 0 none
 
     @property
     def is_moe(self) -> bool:
@@ -339,6 +340,7 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         sliding_window=window,
         sliding_layer_indices=sliding_layers,
         checkpoint_quant=checkpoint_quant(cfg.get("quantization_config")),
+        int4_group_size=int4_group_size(cfg.get("quantization_config")),
         **mla,
     )
 
@@ -389,6 +391,19 @@ def _sliding_layers(cfg: Mapping[str, Any], layers: int, source: str) -> tuple[t
         raise ServesimError(f"model config {source!r}: every layer is sliding_attention; servesim's KV accounting "
                             f"needs at least one full_attention layer")
     return sliding, _count(cfg.get("sliding_window"), "sliding_window", source)
+
+
+def int4_group_size(quantization_config: Any) -> int:
+    """Weights per scale of the 4-bit integer weights a compressed-tensors ``quantization_config`` declares
+    (``config_groups.*.weights``: ``num_bits`` 4, ``type`` int, ``strategy`` group), or 0."""
+    if not isinstance(quantization_config, Mapping) or quantization_config.get("quant_method") != "compressed-tensors":
+        return 0
+    for group in (quantization_config.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if (isinstance(weights, Mapping) and weights.get("num_bits") == 4 and weights.get("type") == "int"
+                and isinstance(weights.get("group_size"), int) and weights["group_size"] > 0):
+            return weights["group_size"]
+    return 0
 
 
 def checkpoint_quant(quantization_config: Any) -> str:

@@ -72,7 +72,7 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
             other_bytes += model.num_experts * (1 + 2 * inter + hidden) * 2
     else:
         linear += 3 * hidden * model.intermediate_size / tp
-    return linear * DTYPE_BYTES[linear_dtype] + experts * DTYPE_BYTES[expert_dtype] + other_bytes
+    return linear * DTYPE_BYTES[linear_dtype] + experts * expert_weight_bytes(model, expert_dtype) + other_bytes
 
 
 def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, linear_dtype: str,
@@ -98,7 +98,15 @@ def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, lin
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype] + 4 * model.num_experts
     else:
         linear += 3 * hidden * model.intermediate_size / tp
-    return linear * DTYPE_BYTES[linear_dtype] + experts * DTYPE_BYTES[expert_dtype] + other_bytes
+    return linear * DTYPE_BYTES[linear_dtype] + experts * expert_weight_bytes(model, expert_dtype) + other_bytes
+
+
+def expert_weight_bytes(model: ModelConfig, expert_dtype: str) -> float:
+    """Bytes one routed-expert weight takes in ``expert_dtype``, scales included: INT4 with the checkpoint's own
+    scale group (one BF16 scale per ``int4_group_size`` weights; Kimi-K2.5's 32 make 4.5 bits a weight)."""
+    if expert_dtype == "int4" and model.int4_group_size:
+        return (4 + 16 / model.int4_group_size) / 8
+    return DTYPE_BYTES[expert_dtype]
 
 
 def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weight_dtype: str = "bf16") -> float:

@@ -1,8 +1,8 @@
 """Expanding one engine step into the kernels one GPU of one pipeline stage launches, with its collectives.
 
 The layer bodies follow the engines' model code (vLLM ``model_executor/models/{llama,qwen2,qwen3,qwen3_moe,
-mixtral,minimax_m2,gpt_oss}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines for these
-architectures; the engines differ in the attention kernels, CUDA-graph padding and where the LM head runs
+mixtral,minimax_m2,gpt_oss,deepseek_v2}.py``, SGLang ``srt/models/...``), which is the same sequence in both engines
+for these architectures; the engines differ in the attention kernels, CUDA-graph padding and where the LM head runs
 (``engines.py``). docs/kernels.md lists every choice with the file it follows; docs/models.md what each model
 family adds.
 """

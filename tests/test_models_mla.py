@@ -135,3 +135,16 @@ def test_latency_runs_and_twice_the_prompt_costs_more(args):
         row = next(line for line in result.output.splitlines() if line.strip() and line.strip()[0].isdigit())
         ttft.append(float(row.split()[1]))
     assert ttft[1] > ttft[0]
+
+
+@pytest.mark.parametrize("gpu", ["A100", "L40S", "H200", "B200"])
+def test_latent_decode_times_on_every_architecture_and_grows_with_context(gpu):
+    from servesim.estimator import get_estimator
+
+    def decode(context, heads=16):
+        return AttentionDecode(kv_lens=(context,) * 16, num_heads=heads, num_kv_heads=1, head_dim=576,
+                               v_head_dim=512, kv_shared=True, page_size=64,
+                               backend="fa2" if gpu in ("A100", "L40S") else "fa3" if gpu == "H200" else "flashinfer")
+
+    short, long, wide = get_estimator("mlp").predict_us([decode(8192), decode(32768), decode(8192, 128)], get_gpu(gpu))
+    assert 0 < short < long and wide > 0

@@ -370,12 +370,20 @@ def _flashinfer_decode_tile(group: int, head_dim: int, kv_bytes: float) -> Atten
     return AttentionTile(group, keys_per_step, threads, 64, smem, 1, False)
 
 
-def _mla_decode_tile(head_dim: int, elem_bytes: float, kv_bytes: float) -> AttentionTile:
-    """The latent-MQA decode kernels of MLA (FlashMLA on Hopper, ``Flash_fwd_kernel_traits_mla``: 64 packed query
-    rows, 64-key blocks, 8 warps in two warpgroups each reading every K tile, Q and two K stages in shared memory;
-    the Blackwell MLA kernels are taken alike): a persistent grid of one CTA per SM."""
-    smem = int(64 * head_dim * elem_bytes + 2 * 64 * head_dim * kv_bytes)
-    return AttentionTile(64, 64, 256, 255, smem, 2, True)
+#: KV splits of the Triton MLA decode kernel the engines run below Hopper (vLLM ``TritonMLAImpl``: a fixed 4).
+TRITON_MLA_KV_SPLITS = 4
+
+
+def _mla_decode_tile(head_dim: int, elem_bytes: float, kv_bytes: float, hopper_or_later: bool) -> AttentionTile:
+    """The latent-MQA decode kernels of MLA. Hopper and later (FlashMLA, ``Flash_fwd_kernel_traits_mla``: 64 packed
+    query rows, 64-key blocks, 8 warps in two warpgroups each reading every K tile, Q and two K stages in shared
+    memory; the Blackwell MLA kernels are taken alike): a persistent grid of one CTA per SM. Earlier GPUs (the
+    Triton MLA decode, ``_fwd_grouped_kernel_stage1``: 16 heads, 32-key blocks, 4 warps, two stages): a grid of
+    (request, head block, KV split)."""
+    if hopper_or_later:
+        return AttentionTile(64, 64, 256, 255, int(64 * head_dim * elem_bytes + 2 * 64 * head_dim * kv_bytes), 2,
+                             True)
+    return AttentionTile(16, 32, 128, 128, int(16 * head_dim * elem_bytes + 2 * 32 * head_dim * kv_bytes), 1, False)
 
 
 def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile, int]:
@@ -388,7 +396,9 @@ def decode_splits(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[AttentionTile,
     elem, kv_b = dtype_bytes(kernel.dtype), dtype_bytes(kernel.kv_dtype)
     batch, max_kv = len(kv), int(kv.max())
     if kernel.kv_shared:  # MLA's latent MQA: FA3's split rule over the latent (FlashMLA balances SM parts alike)
-        tile = _mla_decode_tile(kernel.head_dim, elem, kv_b)
+        tile = _mla_decode_tile(kernel.head_dim, elem, kv_b, int(gpu.compute_capability.split(".")[0]) >= 9)
+        if not tile.persistent:
+            return tile, min(TRITON_MLA_KV_SPLITS, -(-max_kv // tile.block_n))
         m_blocks = -(-group // tile.block_m)
         return tile, fa3_num_splits(batch * kernel.num_kv_heads * m_blocks, gpu.sm_count,
                                     -(-max_kv // tile.block_n), max_kv * kernel.head_dim * kv_b)
@@ -430,6 +440,12 @@ def decompose_decode(kernel: AttentionDecode, gpu: GpuSpec) -> tuple[Launch, ...
         chunks = np.full_like(kv, choice)
         splits_label = f"{choice} KV splits"
     heads = kernel.num_kv_heads
+    if kernel.kv_shared and group > tile.block_m:
+        # MLA's latent MQA packs the query heads into tiles of block_m rows, one CTA per head block, each reading
+        # the latent: a head block stands for a KV head.
+        head_blocks = -(-group // tile.block_m)
+        heads, group = heads * head_blocks, -(-group // head_blocks)
+        splits_label += f", {head_blocks} head blocks"
     check_task_count(kernel, heads * int(chunks.sum()))
     req, split, rows, keys, demand, duration = _decode_tasks(kv, chunks, chunk_keys, group, tile.block_m,
                                                              tile.block_n, heads, *_task_inputs(kernel, gpu, tile))

@@ -148,3 +148,20 @@ def test_latent_decode_times_on_every_architecture_and_grows_with_context(gpu):
 
     short, long, wide = get_estimator("mlp").predict_us([decode(8192), decode(32768), decode(8192, 128)], get_gpu(gpu))
     assert 0 < short < long and wide > 0
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.pop("kv_lora_rank"), "kv_lora_rank"),
+    (lambda c: c.update(n_group=3), "n_group"),
+    (lambda c: c.update(qk_rope_head_dim="64"), "qk_rope_head_dim"),
+])
+def test_a_bad_deepseek_config_is_one_line(tmp_path, edit, message):
+    from servesim.models.registry import preset_record
+
+    config = dict(preset_record("deepseek-r1")["config"])
+    edit(config)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["latency", "--model", str(path), "--gpu", "H200", "--tp", "8"])
+    assert result.exit_code != 0 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output

@@ -586,17 +586,26 @@ def check_weight_format(model: ModelConfig, dtype: str) -> None:
     """Refuse a weight format the model's checkpoint cannot be served in: ``mxfp4`` is the format of checkpoints
     that ship MXFP4 experts (gpt-oss), which no engine makes of another checkpoint; ``int4`` likewise of a
     compressed-tensors checkpoint with INT4 experts (Kimi-K2.5)."""
-    if dtype == "int4" and (model.checkpoint_quant != "compressed-tensors" or not model.is_moe):
+    if dtype == "int4" and not (model.checkpoint_quant == "compressed-tensors" and model.int4_group_size
+                                and model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
         raise ServesimError(
             f"{model.name} is not a checkpoint with INT4 experts (its config.json {declared}); --dtype int4 is the "
-            f"format of compressed-tensors MoE checkpoints such as Kimi-K2.5's; use bf16 or fp8")
+            f"format of compressed-tensors MoE checkpoints with 4-bit integer weights, such as Kimi-K2.5's; use "
+            f"--dtype {_suggested_dtype(model)} or bf16")
     if dtype == "mxfp4" and (model.checkpoint_quant != "mxfp4" or not model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
         raise ServesimError(
             f"{model.name} is not an MXFP4 checkpoint (its config.json {declared}); of 4-bit weights servesim models "
-            f"only the MXFP4 experts gpt-oss ships (--dtype mxfp4), not NVFP4 or INT4; use --dtype "
-            f"{'fp8-block' if model.checkpoint_quant == 'fp8-block' else 'fp8'} or bf16")
+            f"only the MXFP4 experts gpt-oss ships (--dtype mxfp4) and compressed-tensors INT4 experts (--dtype "
+            f"int4), not NVFP4 or INT4 of other kinds; use --dtype {_suggested_dtype(model)} or bf16")
+
+
+def _suggested_dtype(model: ModelConfig) -> str:
+    """The quantised ``--dtype`` that serves ``model``'s checkpoint as it ships."""
+    if model.checkpoint_quant == "compressed-tensors" and model.int4_group_size and model.is_moe:
+        return "int4"
+    return "fp8-block" if model.checkpoint_quant == "fp8-block" else "fp8"
 
 
 def served_weights(model: ModelConfig, dtype: str) -> str:

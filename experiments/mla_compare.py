@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from servesim.data.aiconfigurator import MEASURED_GPUS, _read_table
+from servesim.data.aiconfigurator import _read_table
 from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import BatchSpec, PrefillChunk
@@ -108,10 +108,12 @@ def main() -> None:
         rows = compare(engine, args.rows_per_gpu, args.seed)
         for (gpu, phase), group in rows.groupby(["gpu", "phase"], sort=False):
             err = group["error"]
-            print(f"{engine:7} {gpu:9} {phase:10} {len(group):5d} {100 * err.abs().mean():7.1f} {100 * err.mean():+7.1f}")
+            print(f"{engine:7} {gpu:9} {phase:10} {len(group):5d} {100 * err.abs().mean():7.1f} "
+                  f"{100 * err.mean():+7.1f}")
         for gpu, group in rows.groupby("gpu", sort=False):
             err = group["error"]
-            print(f"{engine:7} {gpu:9} {'all':10} {len(group):5d} {100 * err.abs().mean():7.1f} {100 * err.mean():+7.1f}")
+            print(f"{engine:7} {gpu:9} {'all':10} {len(group):5d} {100 * err.abs().mean():7.1f} "
+                  f"{100 * err.mean():+7.1f}")
             long = group[group["latency_us"] >= LONG_US]["error"]
             print(f"{engine:7} {gpu:9} {'>=0.5 ms':10} {len(long):5d} {100 * long.abs().mean():7.1f} "
                   f"{100 * long.mean():+7.1f}")

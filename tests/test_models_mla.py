@@ -28,7 +28,8 @@ from servesim.models.parallel import Parallelism
 H200, B200 = get_gpu("H200"), get_gpu("B200")
 R1 = get_model("deepseek-r1")
 KIMI = get_model("kimi-k2.5")
-AIC_CONFIGS = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/aiconfigurator_core/model_configs"
+AIC_CONFIGS = (Path(__file__).resolve().parents[1]
+               / ".venv/lib/python3.11/site-packages/aiconfigurator_core/model_configs")
 
 
 def _ops(step, kind):

@@ -326,7 +326,8 @@ class AttentionDecode(Kernel):
         dims = f"{self.head_dim}/{self.v_head_dim}" if self.v_head_dim else f"{self.head_dim}"
         return (
             f"{len(self.kv_lens)} req kv={sum(self.kv_lens)} "
-            f"h={self.num_heads}/{self.num_kv_heads}x{dims} paged {self.backend}" + (" latent" if self.kv_shared else "")
+            f"h={self.num_heads}/{self.num_kv_heads}x{dims} paged {self.backend}"
+            + (" latent" if self.kv_shared else "")
         )
 
 

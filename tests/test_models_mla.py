@@ -166,3 +166,15 @@ def test_a_bad_deepseek_config_is_one_line(tmp_path, edit, message):
     result = CliRunner().invoke(main, ["latency", "--model", str(path), "--gpu", "H200", "--tp", "8"])
     assert result.exit_code != 0 and message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("engine, cached, latent", [
+    ("sglang", 0, False), ("sglang", 2048, True), ("sglang", 8192, False), ("vllm", 2048, False),
+])
+def test_sglang_absorbs_prefill_after_a_short_cached_prefix(engine, cached, latent):
+    step = expand(engine, R1, H200, BatchSpec((PrefillChunk(1024, cached),)), tp=8, dtype="fp8-block")
+    attn = {op for op in _ops(step, AttentionPrefill)}
+    assert {op.kv_shared for op in attn} == {latent}
+    if latent:
+        (op,) = attn
+        assert (op.num_kv_heads, op.head_dim, op.kv_lens) == (1, 576, (1024 + cached,))

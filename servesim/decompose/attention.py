@@ -265,7 +265,11 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
     group = kernel.num_heads // kernel.num_kv_heads
     elem = dtype_bytes(kernel.dtype)
     sm90 = gpu.compute_capability.startswith("9")
-    if backend == "fa2":
+    if kernel.kv_shared:  # MLA's absorbed form: the latent-MQA tile, the heads packed along its rows
+        hopper_or_later = int(gpu.compute_capability.split(".")[0]) >= 9
+        tile = _mla_decode_tile(kernel.head_dim, elem, dtype_bytes(kernel.kv_dtype), hopper_or_later)
+        pack, heads = group, kernel.num_kv_heads
+    elif backend == "fa2":
         tile, pack, heads = _fa2_tile(kernel.head_dim, elem, gpu.max_smem_per_cta_kib * 1024), 1, kernel.num_heads
     else:
         if backend == "fa3" or sm90:
@@ -276,7 +280,7 @@ def decompose_prefill(kernel: AttentionPrefill, gpu: GpuSpec) -> tuple[Launch, .
         pack, heads = group, kernel.num_kv_heads
     # Each request has ceil(q * pack / block_m) query tiles; FA2's grid gives every request the longest's count.
     tiles_per_req = -(-(q * pack) // tile.block_m)
-    if backend == "fa2":
+    if backend == "fa2" and not kernel.kv_shared:
         tiles_per_req[:] = tiles_per_req.max()
     check_task_count(kernel, heads * int(tiles_per_req.sum()))
     # Launch order: tiles fastest, then requests, then heads (grid x, y, z); every head runs the same tiles.
@@ -375,7 +379,7 @@ TRITON_MLA_KV_SPLITS = 4
 
 
 def _mla_decode_tile(head_dim: int, elem_bytes: float, kv_bytes: float, hopper_or_later: bool) -> AttentionTile:
-    """The latent-MQA decode kernels of MLA. Hopper and later (FlashMLA, ``Flash_fwd_kernel_traits_mla``: 64 packed
+    """The latent-MQA kernels of MLA (decode, and SGLang's absorbed prefill). Hopper and later (FlashMLA, ``Flash_fwd_kernel_traits_mla``: 64 packed
     query rows, 64-key blocks, 8 warps in two warpgroups each reading every K tile, Q and two K stages in shared
     memory; the Blackwell MLA kernels are taken alike): a persistent grid of one CTA per SM. Earlier GPUs (the
     Triton MLA decode, ``_fwd_grouped_kernel_stage1``: 16 heads, 32-key blocks, 4 warps, two stages): a grid of

@@ -418,6 +418,10 @@ def _mla_layer(ctx: _Ctx, layer: int) -> list[Op]:
 #: KV-cache page of the MLA backends where it differs from the engine's MHA page: vLLM's FlashAttention MLA,
 #: FlashMLA and FlashInfer MLA backends take 64-token blocks.
 _MLA_PAGE_SIZES = {"vllm": 64}
+#: SGLang runs a prefill batch whose cached prefixes sum to fewer tokens than this (but some) in MLA's absorbed
+#: form, and the others in the MHA form (``SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD``; ``_handle_attention_backend``
+#: in ``srt/models/deepseek_v2.py``).
+SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD = 8192
 
 
 def _mla_attention(ctx: _Ctx) -> list[Kernel]:
@@ -426,7 +430,9 @@ def _mla_attention(ctx: _Ctx) -> list[Kernel]:
     - prompt chunks in the MHA form: kv_b_proj expands the new tokens' latents into per-head K-nope and V, and a
       ragged causal attention with 192-wide Q/K heads (128 no-rotary + 64 rotary) and 128-wide V runs over them;
       a chunk with cached context also expands the context's latents read back from the cache and attends to them
-      without a mask (its two partial results merged);
+      without a mask (its two partial results merged). SGLang runs a prefill batch whose cached prefixes sum to
+      fewer than :data:`SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD` tokens (and more than none) in the absorbed form
+      below instead, its queries attending causally to the cached latents;
     - decoding requests in the absorbed form: each head's query is multiplied into the latent space (the W_UK
       batched matmul, 128 -> 512 a head), an MQA over the cached 576-wide latents gives a 512-wide latent output,
       and the W_UV batched matmul takes it back to 128 a head. The batched matmuls are timed as one GEMM of the
@@ -452,6 +458,18 @@ def _mla_attention(ctx: _Ctx) -> list[Kernel]:
     if batch.is_decode_only:
         return ops
     query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
+    prefix = sum(kv) - sum(query)
+    if ctx.engine.name == "sglang" and 0 < prefix < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD:
+        rows = sum(query)
+        return ops + [
+            Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
+                 name="q_nope.W_UK_T (bmm, prefill)"),
+            AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=h, num_kv_heads=1,
+                             head_dim=model.mla_latent_dim, v_head_dim=model.kv_lora_rank, kv_shared=True,
+                             name="attn.prefill (latent MQA)", **common),
+            Gemm(m=rows, n=h * v, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
+                 name="W_UV (bmm, prefill)"),
+        ]
     kv_b = h * (model.qk_nope_head_dim + v)
     ops += ctx.linear("kv_b_proj", n=kv_b, k=model.kv_lora_rank, rows=sum(query))
     ops.append(AttentionPrefill(query_lens=query, kv_lens=query, kv_layout="ragged", num_heads=h, num_kv_heads=h,

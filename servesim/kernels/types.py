@@ -228,7 +228,8 @@ class AttentionPrefill(Kernel):
     (``fa3``, ``fa2``, ``flashinfer``, ``trtllm``). ``window`` > 0 is a causal sliding window: each query sees at
     most ``window`` keys, itself included (FlashAttention's ``window_size=(window - 1, 0)``), and the kernel reads
     only the last ``query_len + window - 1`` keys of a request. ``v_head_dim`` > 0 is a value head narrower than
-    the query/key head (MLA's prefill form: 192-wide Q and K, 128-wide V).
+    the query/key head (MLA's prefill form: 192-wide Q and K, 128-wide V). ``kv_shared``: keys and values are one
+    cached tensor, as in :class:`AttentionDecode` (MLA's absorbed form over the latent cache).
     """
 
     category: ClassVar[str] = "attn_prefill"
@@ -245,14 +246,22 @@ class AttentionPrefill(Kernel):
     kv_dtype: str = "bf16"
     window: int = 0
     v_head_dim: int = 0  # 0: head_dim
+    kv_shared: bool = False
 
     def __post_init__(self) -> None:
         if self.window and not self.causal:
             raise ValueError("a sliding window needs causal attention")
+        if self.kv_shared and self.v_head_dim > self.head_dim:
+            raise ValueError("a value shared with its key cannot be wider than the key")
 
     @property
     def value_dim(self) -> int:
         return self.v_head_dim or self.head_dim
+
+    @property
+    def kv_elements_per_key(self) -> int:
+        """Cached elements one key position holds per KV head: K and V, or the one shared latent."""
+        return self.head_dim if self.kv_shared else self.head_dim + self.value_dim
 
     def keys_read(self) -> tuple[int, ...]:
         """Keys each request's attention reads: all ``kv_lens``, or under a window the last ``q + window - 1``."""
@@ -267,7 +276,7 @@ class AttentionPrefill(Kernel):
 
     def bytes_moved(self) -> float:
         tokens = sum(self.query_lens) * self.num_heads
-        kv_elems = sum(self.keys_read()) * self.num_kv_heads * (self.head_dim + self.value_dim)
+        kv_elems = sum(self.keys_read()) * self.num_kv_heads * self.kv_elements_per_key
         q_out = tokens * (self.head_dim + self.value_dim)
         return q_out * dtype_bytes(self.dtype) + kv_elems * dtype_bytes(self.kv_dtype)
 
@@ -277,6 +286,7 @@ class AttentionPrefill(Kernel):
         return (
             f"{len(self.query_lens)} req q={sum(self.query_lens)} kv={sum(self.kv_lens)} "
             f"h={self.num_heads}/{self.num_kv_heads}x{dims} {self.kv_layout} {self.backend}{window}"
+            + (" latent" if self.kv_shared else "")
         )
 
 

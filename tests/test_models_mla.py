@@ -178,3 +178,14 @@ def test_sglang_absorbs_prefill_after_a_short_cached_prefix(engine, cached, late
     if latent:
         (op,) = attn
         assert (op.num_kv_heads, op.head_dim, op.kv_lens) == (1, 576, (1024 + cached,))
+
+
+def test_step_part_attention_holds_no_op_the_rest_of_the_step_times_again():
+    """The step-time model times step_part("attention") per layer and the other non-attention kernels from a proxy
+    batch of the same counts: an op of a fresh chunk or a decode must not be in both."""
+    for batch in (BatchSpec((PrefillChunk(1024),)), BatchSpec(decodes=(2048,) * 8)):
+        part = step_part("attention", "vllm", R1, H200, batch, tp=8, dtype="fp8-block")
+        assert all(isinstance(op, (AttentionPrefill, AttentionDecode)) for op in part)
+    cached = step_part("attention", "vllm", R1, H200, BatchSpec((PrefillChunk(1024, 4096),)), tp=8,
+                       dtype="fp8-block")
+    assert any(not isinstance(op, (AttentionPrefill, AttentionDecode)) for op in cached)  # the context's expansion

@@ -424,7 +424,7 @@ _MLA_PAGE_SIZES = {"vllm": 64}
 SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD = 8192
 
 
-def _mla_attention(ctx: _Ctx) -> list[Kernel]:
+def _mla_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     """MLA's attention between the cache write and o_proj, as both engines split it by request:
 
     - prompt chunks in the MHA form: kv_b_proj expands the new tokens' latents into per-head K-nope and V, and a
@@ -438,9 +438,11 @@ def _mla_attention(ctx: _Ctx) -> list[Kernel]:
       and the W_UV batched matmul takes it back to 128 a head. The batched matmuls are timed as one GEMM of the
       heads side by side (same FLOPs and weights; each head's input is read once, not once per head).
 
-    With the decode step graphed, its kernels see the padded batch."""
+    With the decode step graphed, its kernels see the padded batch. ``lengths_only``: only the kernels whose
+    shapes follow the requests' lengths rather than the step's token and request counts (the attention kernels and
+    the context's expansion), which :func:`step_part` times apart."""
     batch, model = ctx.batch, ctx.model
-    h, qk, v = ctx.heads, model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    h, v = ctx.heads, model.v_head_dim
     page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
     common = dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
     decodes = len(batch.decodes)
@@ -455,13 +457,23 @@ def _mla_attention(ctx: _Ctx) -> list[Kernel]:
                             name="attn.decode (latent MQA)", **common),
             Gemm(m=rows, n=h * v, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act, name="W_UV (bmm)"),
         ]
-    if batch.is_decode_only:
-        return ops
+    prefill, context = ([], []) if batch.is_decode_only else _mla_prefill(ctx, common)
+    if lengths_only:
+        return [op for op in ops + prefill if isinstance(op, (AttentionPrefill, AttentionDecode))] + context
+    return ops + prefill + context
+
+
+def _mla_prefill(ctx: _Ctx, common: dict) -> tuple[list[Kernel], list[Kernel]]:
+    """The prompt chunks' part of :func:`_mla_attention`: the kernels over their new tokens, and those over their
+    cached context (its expansion and attention)."""
+    batch, model = ctx.batch, ctx.model
+    h, qk, v = ctx.heads, model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    decodes = len(batch.decodes)
     query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
     prefix = sum(kv) - sum(query)
     if ctx.engine.name == "sglang" and 0 < prefix < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD:
         rows = sum(query)
-        return ops + [
+        return [
             Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
                  name="q_nope.W_UK_T (bmm, prefill)"),
             AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=h, num_kv_heads=1,
@@ -469,18 +481,19 @@ def _mla_attention(ctx: _Ctx) -> list[Kernel]:
                              name="attn.prefill (latent MQA)", **common),
             Gemm(m=rows, n=h * v, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
                  name="W_UV (bmm, prefill)"),
-        ]
+        ], []
     kv_b = h * (model.qk_nope_head_dim + v)
-    ops += ctx.linear("kv_b_proj", n=kv_b, k=model.kv_lora_rank, rows=sum(query))
+    ops: list[Kernel] = ctx.linear("kv_b_proj", n=kv_b, k=model.kv_lora_rank, rows=sum(query))
     ops.append(AttentionPrefill(query_lens=query, kv_lens=query, kv_layout="ragged", num_heads=h, num_kv_heads=h,
                                 head_dim=qk, v_head_dim=v, name="attn.prefill (MHA form)", **common))
     cached = [(q, k - q) for q, k in zip(query, kv) if k > q]
+    context: list[Kernel] = []
     if cached:
-        ops += ctx.linear("kv_b_proj (context)", n=kv_b, k=model.kv_lora_rank, rows=sum(c[1] for c in cached))
-        ops.append(AttentionPrefill(query_lens=tuple(c[0] for c in cached), kv_lens=tuple(c[1] for c in cached),
-                                    causal=False, kv_layout="ragged", num_heads=h, num_kv_heads=h, head_dim=qk,
-                                    v_head_dim=v, name="attn.prefill context", **common))
-    return ops
+        context += ctx.linear("kv_b_proj (context)", n=kv_b, k=model.kv_lora_rank, rows=sum(c[1] for c in cached))
+        context.append(AttentionPrefill(query_lens=tuple(c[0] for c in cached), kv_lens=tuple(c[1] for c in cached),
+                                        causal=False, kv_layout="ragged", num_heads=h, num_kv_heads=h, head_dim=qk,
+                                        v_head_dim=v, name="attn.prefill context", **common))
+    return ops, context
 
 
 def _qk_norm(ctx: _Ctx) -> list[Op]:
@@ -703,8 +716,8 @@ def step_part(
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
     if part == "sampled_rows":
         return tuple(_sampled_rows(ctx, plan))
-    if model.is_mla:  # every MLA op whose shape follows the requests' lengths (the expansions of cached context)
-        return tuple(_mla_attention(ctx))
+    if model.is_mla:  # the attention kernels and the expansions of the cached context
+        return tuple(_mla_attention(ctx, lengths_only=True))
     return tuple(op for layer in range(model.attention_cycle_layers)
                  for op in _attention(ctx, model.attention_window(layer)))
 

@@ -168,11 +168,12 @@ def test_a_bad_deepseek_config_is_one_line(tmp_path, edit, message):
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("engine, cached, latent", [
-    ("sglang", 0, False), ("sglang", 2048, True), ("sglang", 8192, False), ("vllm", 2048, False),
+@pytest.mark.parametrize("engine, gpu, cached, latent", [
+    ("sglang", H200, 0, False), ("sglang", H200, 2048, True), ("sglang", H200, 8192, False),
+    ("vllm", H200, 2048, False), ("sglang", B200, 2048, False),  # TRT-LLM MLA: always the MHA form
 ])
-def test_sglang_absorbs_prefill_after_a_short_cached_prefix(engine, cached, latent):
-    step = expand(engine, R1, H200, BatchSpec((PrefillChunk(1024, cached),)), tp=8, dtype="fp8-block")
+def test_sglang_absorbs_prefill_after_a_short_cached_prefix(engine, gpu, cached, latent):
+    step = expand(engine, R1, gpu, BatchSpec((PrefillChunk(1024, cached),)), tp=8, dtype="fp8-block")
     attn = {op for op in _ops(step, AttentionPrefill)}
     assert {op.kv_shared for op in attn} == {latent}
     if latent:

@@ -420,7 +420,8 @@ def _mla_layer(ctx: _Ctx, layer: int) -> list[Op]:
 _MLA_PAGE_SIZES = {"vllm": 64}
 #: SGLang runs a prefill batch whose cached prefixes sum to fewer tokens than this (but some) in MLA's absorbed
 #: form, and the others in the MHA form (``SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD``; ``_handle_attention_backend``
-#: in ``srt/models/deepseek_v2.py``).
+#: in ``srt/models/deepseek_v2.py``), except with its TRT-LLM MLA backend (Blackwell), which runs every prefill in
+#: the MHA form (``handle_attention_trtllm_mla``).
 SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD = 8192
 
 
@@ -432,7 +433,7 @@ def _mla_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
       a chunk with cached context also expands the context's latents read back from the cache and attends to them
       without a mask (its two partial results merged). SGLang runs a prefill batch whose cached prefixes sum to
       fewer than :data:`SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD` tokens (and more than none) in the absorbed form
-      below instead, its queries attending causally to the cached latents;
+      below instead, its queries attending causally to the cached latents, but on Blackwell (TRT-LLM MLA);
     - decoding requests in the absorbed form: each head's query is multiplied into the latent space (the W_UK
       batched matmul, 128 -> 512 a head), an MQA over the cached 576-wide latents gives a 512-wide latent output,
       and the W_UV batched matmul takes it back to 128 a head. The batched matmuls are timed as one GEMM of the
@@ -471,7 +472,8 @@ def _mla_prefill(ctx: _Ctx, common: dict) -> tuple[list[Kernel], list[Kernel]]:
     decodes = len(batch.decodes)
     query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
     prefix = sum(kv) - sum(query)
-    if ctx.engine.name == "sglang" and 0 < prefix < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD:
+    absorbs = ctx.engine.name == "sglang" and ctx.backend != "trtllm_mha"
+    if absorbs and 0 < prefix < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD:
         rows = sum(query)
         return [
             Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,

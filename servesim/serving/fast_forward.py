@@ -94,7 +94,8 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     out), while none must go through the simulator; the end of the step each relaunch follows (a token for each of
     the batch's requests) is appended to its batch's ``times_s``, and the relaunch's record to ``log``. The
     relaunches run in :func:`_relaunch_loop`, which hands back to this function whenever a batch's mean context
-    leaves its decode span (a step time to look up or predict) or its record buffer is full."""
+    leaves its decode span (a step time to look up or predict, after which it goes on filling its record buffer)
+    or its record buffer is full (passed on here, as are the records left when it stops)."""
     scheduler = replica.scheduler
     if not _relaunches(queue[0], horizon_s, scheduler.free):
         return
@@ -116,23 +117,26 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     while True:
         status, b = _relaunch_loop(replica.index, counts, times, pattern, host_s, pool, rows, launched, horizon_s,
                                    replica.async_scheduling)
-        records = int(pool[4])
-        launches += records
-        log.extend(rows[:records])
-        if len(batches) == 1:
-            batches[0].times_s.extend(launched[:records, 0].tolist())
-        else:
-            for other, batch in enumerate(batches):
-                batch.times_s.extend(launched[:records, 0][launched[:records, 1] == other].tolist())
-        if status == _SPAN_NEEDED:
+        if status == _SPAN_NEEDED:  # the buffered records wait: nothing reads them before the loop goes on
             batch = batches[b]
             size = int(counts[b, 2])
             batch.span = decode_span_at(replica.step_model, size, int(counts[b, 3]) // size, int(counts[b, 4]))
             span = _span_row(batch.span)
             counts[b, 5:] = span[:2]
             times[b, 1:] = span[2:]
-        elif status == _STOPPED:
+            continue
+        records = int(pool[4])
+        launches += records
+        if records:
+            log.extend(rows[:records])
+            if len(batches) == 1:
+                batches[0].times_s.extend(launched[:records, 0].tolist())
+            else:
+                for other, batch in enumerate(batches):
+                    batch.times_s.extend(launched[:records, 0][launched[:records, 1] == other].tolist())
+        if status == _STOPPED:
             break
+        pool[4] = 0  # the buffer was full and is passed on
     for batch, end_s, (_, _, _, context_tokens, max_context, _, _) in zip(batches, times[:, 0].tolist(),
                                                                           counts.tolist()):
         batch.end_s, batch.context_tokens, batch.max_context = end_s, context_tokens, max_context
@@ -173,14 +177,14 @@ def _relaunch_loop(replica: int, counts: np.ndarray, times: np.ndarray, pattern:
     span's low context and length: -1 without one) and ``times`` (end, then :func:`_span_row`'s times); ``host_s``
     is the host's and then each stage's free time, then the last step's GPU start, ``pool`` (next batch, free KV units, KV in use, tokens per unit,
     relaunches buffered). Each relaunch's step-log row goes to ``rows``, its batch's launch time and index to
-    ``launched``. Returns why it stopped and the batch it stopped at.
+    ``launched``, after the relaunches already buffered there. Returns why it stopped and the batch it stopped at.
 
     The arithmetic is the simulator's, operation for operation: a step's time from its decode span
     (``DecodeSpan.at``), then the host and the stages occupied in turn (``_Replica.occupy``, or under async
     scheduling ``_Replica.host_start_s`` and ``occupy_async``)."""
     batches, stages = len(counts), len(host_s) - 2
     b, free, kv_used, unit = pool[0], pool[1], pool[2], pool[3]
-    records, status = 0, _STOPPED
+    records, status = pool[4], _STOPPED  # records already buffered
     while True:
         end_s = times[b, 0]
         done, limit, size = counts[b, 0], counts[b, 1], counts[b, 2]

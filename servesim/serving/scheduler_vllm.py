@@ -112,7 +112,7 @@ class VllmScheduler(Scheduler):
                 new = budget
             # the blocks to add, inlined for the same reason
             need = -(-(req.computed + new) // block_size) - req.kv_held - req.cached_units
-            while need > self.available:
+            while need > 0 and need > self.available:  # need > 0 first: a decode mostly needs no block
                 victim = self._preempt_newest(i - 1)
                 preempted = True
                 if victim is None or victim is req:

@@ -9,7 +9,7 @@ from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.planner.executor import LocalExecutor
-from servesim.planner import step_store
+from servesim.planner import search, step_store
 from servesim.planner.plan import (
     PlanRequest,
     build_plan,
@@ -81,6 +81,21 @@ def probe_at(load: float, tpot_ratio: float | None) -> Probe:
                  slo_values_ms=(value,), latency_ms={}, request_rate_per_s=load, completion_ratio=1.0,
                  output_tokens_per_s=0.0, peak_kv_occupancy=0.0, preemptions=0,
                  stopped_by=None if tpot_ratio is not None else "tpot_p90")
+
+
+@pytest.mark.parametrize("par", [Parallelism(1, 1), Parallelism(1, 2)])
+def test_searching_with_every_engine_step_scheduled_finds_the_same_probes(monkeypatch, unloaded_tpot_ms, par):
+    """The simulator's fast path through decode stretches (servesim/serving/fast_forward.py) is what every search
+    runs; the reference path schedules each step. A search on either gives the same probes, to the last bit."""
+    fast = search_capacity(task(1.5 * unloaded_tpot_ms, par=par))
+
+    def stepping(*args, **kwargs):
+        return simulate(*args, fast_forward_decodes=False, **kwargs)
+
+    monkeypatch.setattr(search, "simulate", stepping)
+    reference = search_capacity(task(1.5 * unloaded_tpot_ms, par=par))
+    assert repr(reference) == repr(fast)  # NaN percentiles of runs stopped early compare equal as text
+    assert len(fast.probes) >= 3
 
 
 def test_splits_aim_where_the_slo_ratio_reaches_its_limit():

@@ -102,16 +102,18 @@ class VllmScheduler(Scheduler):
         i = 0
         running = self.running
         block_size = self.block_size
+        schedule_request, schedule_tokens = reqs.append, news.append  # looked up once: this loop is the hot one
         while i < len(running) and budget > 0:
             req = running[i]
             i += 1
             if req.in_flight:
                 continue
-            new = req.prompt + req.generated - req.computed
+            computed = req.computed
+            new = req.prompt + req.generated - computed
             if new > budget:  # a conditional, not min(): this runs for every running request of every step
                 new = budget
             # the blocks to add, inlined for the same reason
-            need = -(-(req.computed + new) // block_size) - req.kv_held - req.cached_units
+            need = -(-(computed + new) // block_size) - req.kv_held - req.cached_units
             while need > 0 and need > self.available:  # need > 0 first: a decode mostly needs no block
                 victim = self._preempt_newest(i - 1)
                 preempted = True
@@ -120,8 +122,8 @@ class VllmScheduler(Scheduler):
             else:
                 if need:  # a decode mostly fits the blocks it holds
                     self._take(req, need)
-                reqs.append(req)
-                news.append(new)
+                schedule_request(req)
+                schedule_tokens(new)
                 budget -= new
                 continue
             break  # this request could not get its blocks: V1 stops scheduling running requests

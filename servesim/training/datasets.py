@@ -425,11 +425,15 @@ def _read_moe(options: DataOptions) -> pd.DataFrame:
     return load_moe()
 
 
+def _balanced_only(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    return _drop(frame, frame["distribution"].astype(str) == "balanced",
+                 "power-law routing (the step model routes evenly)", dropped)
+
+
 def _prepare_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     frame = _drop(frame, _sources(frame).isin(TRITON_MOE_SOURCES),
                   "FlashInfer/TRT-LLM expert kernels (FusedMoE models the Triton path)", dropped)
-    return _drop(frame, frame["distribution"].astype(str) == "balanced",
-                 "power-law routing (the step model routes evenly)", dropped)
+    return _balanced_only(frame, dropped)
 
 
 def collector_routing(tokens: int, experts: int, top_k: int, local_experts: int) -> np.ndarray:
@@ -449,20 +453,25 @@ def collector_routing(tokens: int, experts: int, top_k: int, local_experts: int)
     return np.bincount(chosen[chosen < local_experts], minlength=local_experts)
 
 
-def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    """One GPU of ``moe_tp`` x ``moe_ep``: every expert's intermediate width over ``moe_tp``, the first
-    ``num_experts / moe_ep`` experts local, receiving the (token, choice) pairs the collector's routing sends them
-    (:func:`collector_routing`)."""
-    columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype", "scaling")
-    kernels: list[Kernel] = []
-    for t, h, inter, e, topk, tp, ep, dtype, scaling in zip(*(frame[c] for c in columns)):
+def _local_experts(frame: pd.DataFrame) -> list[dict[str, object]]:
+    """Each MoE row's shape on one GPU of ``moe_tp`` x ``moe_ep``: every expert's intermediate width over
+    ``moe_tp``, the first ``num_experts / moe_ep`` experts local, receiving the (token, choice) pairs the
+    collector's routing sends them (:func:`collector_routing`)."""
+    columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep")
+    shapes = []
+    for t, h, inter, e, topk, tp, ep in zip(*(frame[c] for c in columns)):
         local = int(e) // int(ep)
-        kernels.append(FusedMoE(
-            tokens=int(t), num_experts=local, top_k=int(topk), hidden=int(h), intermediate=int(inter) // int(tp),
-            expert_tokens=tuple(int(n) for n in collector_routing(int(t), int(e), int(topk), local)),
-            dtype=str(dtype), scale="" if scaling == "none" else str(scaling),
-        ))
-    return kernels
+        shapes.append({
+            "tokens": int(t), "num_experts": local, "top_k": int(topk), "hidden": int(h),
+            "intermediate": int(inter) // int(tp),
+            "expert_tokens": tuple(int(n) for n in collector_routing(int(t), int(e), int(topk), local)),
+        })
+    return shapes
+
+
+def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return [FusedMoE(**shape, dtype=str(dtype), scale="" if scaling == "none" else str(scaling))
+            for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"])]
 
 
 def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
@@ -474,22 +483,13 @@ def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
 def _prepare_marlin_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     frame = _drop(frame, _sources(frame).str.contains("marlin", regex=False),
                   "4-bit MoE kernels other than Marlin (Triton matmul_ogs, FlashInfer)", dropped)
-    return _drop(frame, frame["distribution"].astype(str) == "balanced",
-                 "power-law routing (the step model routes evenly)", dropped)
+    return _balanced_only(frame, dropped)
 
 
 def _marlin_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    """As :func:`_moe_kernels`, for the Marlin path: BF16 activations times the row's 4-bit weights."""
-    columns = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype")
-    kernels: list[Kernel] = []
-    for t, h, inter, e, topk, tp, ep, dtype in zip(*(frame[c] for c in columns)):
-        local = int(e) // int(ep)
-        kernels.append(MarlinMoE(
-            tokens=int(t), num_experts=local, top_k=int(topk), hidden=int(h), intermediate=int(inter) // int(tp),
-            expert_tokens=tuple(int(n) for n in collector_routing(int(t), int(e), int(topk), local)),
-            dtype="bf16", weight_dtype=str(dtype),
-        ))
-    return kernels
+    """The Marlin path: BF16 activations times the row's 4-bit weights."""
+    return [MarlinMoE(**shape, dtype="bf16", weight_dtype=str(dtype))
+            for shape, dtype in zip(_local_experts(frame), frame["dtype"])]
 
 
 # --- element-wise ------------------------------------------------------------------------------------------------

@@ -218,8 +218,30 @@ def _attended_pairs(query_len: int, kv_len: int, causal: bool, window: int = 0) 
     return unclipped * first + unclipped * (unclipped - 1) // 2 + (query_len - unclipped) * window
 
 
+class _KvLayout:
+    """Key/value widths shared by the attention kernels (their fields ``head_dim``, ``v_head_dim`` with 0 meaning
+    ``head_dim``, and ``kv_shared``: one cached latent read as both, multi-head latent attention)."""
+
+    head_dim: int
+    v_head_dim: int
+    kv_shared: bool
+
+    def _check_kv_layout(self) -> None:
+        if self.kv_shared and self.v_head_dim > self.head_dim:
+            raise ValueError("a value shared with its key cannot be wider than the key")
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def kv_elements_per_key(self) -> int:
+        """Cached elements one key position holds per KV head: K and V, or the one shared latent."""
+        return self.head_dim if self.kv_shared else self.head_dim + self.value_dim
+
+
 @dataclass(frozen=True, kw_only=True)
-class AttentionPrefill(Kernel):
+class AttentionPrefill(_KvLayout, Kernel):
     """Variable-length attention over a batch whose queries are more than one token for some request.
 
     ``query_lens[i]`` new tokens of request i attend to ``kv_lens[i]`` keys (cached plus new, new included).
@@ -251,17 +273,8 @@ class AttentionPrefill(Kernel):
     def __post_init__(self) -> None:
         if self.window and not self.causal:
             raise ValueError("a sliding window needs causal attention")
-        if self.kv_shared and self.v_head_dim > self.head_dim:
-            raise ValueError("a value shared with its key cannot be wider than the key")
+        self._check_kv_layout()
 
-    @property
-    def value_dim(self) -> int:
-        return self.v_head_dim or self.head_dim
-
-    @property
-    def kv_elements_per_key(self) -> int:
-        """Cached elements one key position holds per KV head: K and V, or the one shared latent."""
-        return self.head_dim if self.kv_shared else self.head_dim + self.value_dim
 
     def keys_read(self) -> tuple[int, ...]:
         """Keys each request's attention reads: all ``kv_lens``, or under a window the last ``q + window - 1``."""
@@ -291,7 +304,7 @@ class AttentionPrefill(Kernel):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttentionDecode(Kernel):
+class AttentionDecode(_KvLayout, Kernel):
     """One new query token per request attending to ``kv_lens[i]`` keys (new token included) in the paged cache.
 
     ``kv_shared``: keys and values are one cached tensor, each value the first ``v_head_dim`` values of its key,
@@ -312,17 +325,8 @@ class AttentionDecode(Kernel):
     kv_shared: bool = False
 
     def __post_init__(self) -> None:
-        if self.kv_shared and self.v_head_dim > self.head_dim:
-            raise ValueError("a value shared with its key cannot be wider than the key")
+        self._check_kv_layout()
 
-    @property
-    def value_dim(self) -> int:
-        return self.v_head_dim or self.head_dim
-
-    @property
-    def kv_elements_per_key(self) -> int:
-        """Cached elements one key position holds per KV head: K and V, or the one shared latent."""
-        return self.head_dim if self.kv_shared else self.head_dim + self.value_dim
 
     def flops(self) -> float:
         return 2.0 * self.num_heads * (self.head_dim + self.value_dim) * sum(self.kv_lens)

@@ -33,6 +33,9 @@ PRESETS = {
     "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B", 30.5, 48, 4, 128, 96),
     "qwen3-235b-a22b": ("Qwen/Qwen3-235B-A22B", 235.0, 94, 4, 128, 188),
     "mixtral-8x7b": ("mistralai/Mixtral-8x7B-v0.1", 46.7, 32, 8, 128, 128),
+    "llama2-7b": ("meta-llama/Llama-2-7b-hf", 6.74, 32, 32, 128, 512),  # multi-head: 2*32*32*128*2 = 524288 B
+    "llama2-70b": ("meta-llama/Llama-2-70b-hf", 68.98, 80, 8, 128, 320),
+    "codellama-34b": ("codellama/CodeLlama-34b-Instruct-hf", 33.74, 48, 8, 128, 192),  # 2*48*8*128*2 = 196608 B
 }
 
 # Published activated parameters of the MoE presets (billions).

@@ -72,7 +72,8 @@ def test_guidellm_current_report_reads_config_strategy_and_backend_model() -> No
     (run,) = read_result_file(DATA / "guidellm_v0.7.json")
     assert run.concurrency == 16 and run.model_id == "Qwen/Qwen3-32B"
     assert run.measured_ttft_ms == 118.0 and run.measured_tpot_ms == 12.4
-    cases = result_cases([DATA / "guidellm_v0.7.json"], Deployment(gpu="H100-SXM", engine="sglang", tp=2))
+    cases, skipped = result_cases([DATA / "guidellm_v0.7.json"], Deployment(gpu="H100-SXM", engine="sglang", tp=2))
+    assert skipped == []
     assert cases[0].preset == "qwen3-32b" and cases[0].isl == 1024 and cases[0].osl == 256
 
 

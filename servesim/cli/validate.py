@@ -41,6 +41,11 @@ _ROW_COLUMNS = (
     Column("predicted_tpot_ms", "TPOT pred.", ",.2f"),
     Column("tpot_error", "TPOT err", "+.1%"),
 )
+_E2E_COLUMNS = (
+    Column("measured_e2e_ms", "E2E meas.", ",.0f"),
+    Column("predicted_e2e_ms", "E2E pred.", ",.0f"),
+    Column("e2e_error", "E2E err", "+.1%"),
+)
 _SKIPPED_COLUMNS = (Column("reason", "reason", align="<"), Column("rows", "rows", ",d"),
                     Column("example", "example run", align="<"))
 
@@ -221,7 +226,7 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 
 
 @validate_group.command("results")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--model", default=None, help="Preset or Hugging Face id [default: the file's model id].")
 @click.option("--gpu", default=None, help="GPU from 'servesim gpus' [default: the file's metadata].")
 @click.option("--engine", default=None, callback=engine_spec, metavar="ENGINE[==RELEASE]",
@@ -242,29 +247,33 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 @output_format_options
 def results_command(files, model, gpu, engine, tp, pp, dtype, max_num_seqs, max_num_batched_tokens, prompt_cycle,
                     prefix_caching, async_scheduling, estimator, output_format) -> None:
-    """Replay your own 'vllm bench serve --save-result' JSON files or GuideLLM JSON reports and compare.
+    """Replay your own 'vllm bench serve --save-result' JSON files, GuideLLM JSON reports or inference-perf
+    report folders and compare.
 
     \b
     servesim validate results bench.json --gpu H100-SXM --engine vllm --tp 2
     servesim validate results bench.json --gpu L40S --engine vllm==0.15.1 --max-num-seqs 128 \\
         --max-num-batched-tokens 2048 --prompt-cycle 100
     servesim validate results guidellm.json --model llama3.1-8b --gpu H200 --engine sglang
+    servesim validate results inference-perf-results/ --gpu H100-SXM --engine vllm==0.15.1 --tp 4
     """
     from servesim.validate.replay import replay
     from servesim.validate.results import Deployment, ServerFlags, result_cases
 
     flags = ServerFlags(max_num_seqs, max_num_batched_tokens, prefix_caching, async_scheduling, prompt_cycle)
-    cases = result_cases(files, Deployment(model, gpu, engine, tp, pp, dtype), flags=flags)
+    cases, not_comparable = result_cases(files, Deployment(model, gpu, engine, tp, pp, dtype), flags=flags)
     tick, close = _progress(len(cases), "replaying")
     rows, skipped = replay(cases, estimator, on_case=tick)
     close()
+    skipped = not_comparable + skipped
     if not rows:
         reasons = "; ".join(f"{s.case_id}: {s.reason}" for s in skipped[:3])
         more = f" (and {len(skipped) - 3} more; --json lists them)" if len(skipped) > 3 else ""
         raise ServesimError(f"none of the {len(skipped)} runs could be replayed: {reasons}{more}")
     notes = [f"{len(rows)} runs replayed with the {estimator} estimator; error = predicted / measured - 1."]
     notes += [f"not replayed: {s.case_id}: {s.reason}" for s in skipped]
-    emit(rows, _ROW_COLUMNS, output_format, title="Measured vs predicted", notes=notes,
+    columns = _ROW_COLUMNS + (_E2E_COLUMNS if any("e2e_error" in row for row in rows) else ())
+    emit(rows, columns, output_format, title="Measured vs predicted", notes=notes,
          json_payload={"rows": rows, "skipped": [vars(s) for s in skipped]})
 
 

@@ -69,6 +69,7 @@ class ServingCase:
     async_scheduling: bool | None = None  # the server's async scheduling (None: the release's default)
     prefix_caching: bool | None = None  # the server's prefix cache (None: the release's default)
     mxfp4_moe_backend: str = "auto"  # the MoE kernel of MXFP4 experts (auto: the engine's default for the GPU)
+    measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,9 @@ def case_row(case: ServingCase, summary: Mapping[str, float]) -> dict[str, objec
         "ttft_error": _error(ttft, case.measured_ttft_ms),
         "measured_tpot_ms": case.measured_tpot_ms, "predicted_tpot_ms": tpot,
         "tpot_error": _error(tpot, case.measured_tpot_ms),
+        **({"measured_e2e_ms": case.measured_e2e_ms, "predicted_e2e_ms": summary["e2e_mean_ms"],
+            "e2e_error": _error(summary["e2e_mean_ms"], case.measured_e2e_ms)}
+           if case.measured_e2e_ms is not None else {}),
         "kv_cache_dtype": case.kv_cache_dtype,
         "mean_batch_size": summary["mean_batch_size"], "preemptions": summary["preemptions"],
         **case.extra, "source": case.source,

@@ -1,4 +1,5 @@
-"""Result files a user brings: ``vllm bench serve --save-result`` JSON and GuideLLM benchmark reports (JSON).
+"""Result files a user brings: ``vllm bench serve --save-result`` JSON, GuideLLM benchmark reports (JSON) and
+inference-perf report folders (``config.yaml`` beside ``stage_<i>_lifecycle_metrics.json``).
 
 Each file becomes one :class:`~servesim.validate.replay.ServingCase` per benchmark run, replayed like the
 silicon rows. A result file says what was sent and measured but not what served it: the model, GPU, engine,
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import ServesimError
-from servesim.validate.replay import ServingCase, preset_for
+from servesim.validate.replay import ServingCase, Skipped, preset_for
 from servesim.workloads.arrivals import ArrivalProcess, Burst, Gamma, Poisson, Replay
 from servesim.workloads.prefix import UNIQUE, PromptSegments
 from servesim.workloads.request import Workload
@@ -77,6 +78,22 @@ def _read_json(path: Path) -> Any:
                             f"JSON report") from None
 
 
+@dataclass(frozen=True)
+class ServerFlags:
+    """What the server and the benchmark ran with that a result file does not record (``None``: the defaults):
+    the engine settings, and ``prompt_cycle``, the number of distinct prompts a benchmark sent in turn."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    prompt_cycle: int | None = None
+
+    def filled_from(self, other: ServerFlags) -> ServerFlags:
+        """These flags with their unset ones taken from ``other``."""
+        return replace(self, **{k: v for k, v in vars(other).items() if getattr(self, k) is None})
+
+
 @dataclass(frozen=True, eq=False)
 class MeasuredRun:
     """One benchmark run as a result file describes it."""
@@ -91,6 +108,10 @@ class MeasuredRun:
     measured_ttft_ms: float
     measured_tpot_ms: float  # vLLM's TPOT: (E2E − TTFT) / (output − 1), mean over requests
     deployment: Deployment  # what the file says about the server
+    measured_e2e_ms: float | None = None  # mean E2E, where the file gives it and it is compared
+    prefixes: PromptSegments | None = None  # the benchmark's prompt identity, where the file says it
+    server: ServerFlags = ServerFlags()  # what the file says about the server's settings
+    not_comparable: str | None = None  # why the run is not replayed (a reason), else None
 
 
 def _vllm_lengths(doc: _Doc, completed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -198,27 +219,20 @@ def read_guidellm(path: Path, data: Mapping) -> list[MeasuredRun]:
     return runs
 
 
-def read_result_file(path: Path) -> list[MeasuredRun]:
-    """The runs in a ``vllm bench serve`` result or a GuideLLM report, told apart by their keys."""
+def read_result_file(path: Path, seed: int = 0) -> list[MeasuredRun]:
+    """The runs in a ``vllm bench serve`` result, a GuideLLM report (told apart by their keys) or an
+    inference-perf report folder (``seed`` draws what that report does not record)."""
+    from servesim.validate.inference_perf import is_report, read_inference_perf
+
+    if is_report(path):
+        return read_inference_perf(path, seed)
     data = _read_json(path)
     if isinstance(data, dict) and "mean_ttft_ms" in data:
         return read_vllm_bench(path, data)
     if isinstance(data, dict) and "benchmarks" in data:
         return read_guidellm(path, data)
     raise ServesimError(f"{path}: neither a vllm bench serve result (no mean_ttft_ms) nor a GuideLLM report (no "
-                        f"benchmarks)")
-
-
-@dataclass(frozen=True)
-class ServerFlags:
-    """What the server and the benchmark ran with that a result file does not record (``None``: the defaults):
-    the engine settings, and ``prompt_cycle``, the number of distinct prompts a benchmark sent in turn."""
-
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    prefix_caching: bool | None = None
-    async_scheduling: bool | None = None
-    prompt_cycle: int | None = None
+                        f"benchmarks); for an inference-perf report give its folder")
 
 
 def cycled_prompts(run: MeasuredRun, cycle: int) -> PromptSegments:
@@ -244,8 +258,10 @@ def _required(deployment: Deployment, run: MeasuredRun, field: str, option: str)
 
 
 def run_case(run: MeasuredRun, given: Deployment, seed: int = 0, flags: ServerFlags = ServerFlags()) -> ServingCase:
-    """The simulation setup of ``run``: the deployment from ``given``, else the file, with ``flags``."""
+    """The simulation setup of ``run``: the deployment from ``given``, else the file, with ``flags``, else what
+    the file says about the server."""
     deployment = given.filled_from(run.deployment)
+    flags = flags.filled_from(run.server)
     model_id = _required(deployment, run, "model", "--model")
     preset = preset_for(model_id)
     if preset is None:
@@ -257,7 +273,7 @@ def run_case(run: MeasuredRun, given: Deployment, seed: int = 0, flags: ServerFl
         name=run.run_id, prompt_tokens=run.prompt_tokens, output_tokens=run.output_tokens,
         arrival_s=run.arrivals.arrival_times_s(rng, len(run.prompt_tokens)),
         arrival_mode="closed" if closed else "open", concurrency=run.concurrency, seed=seed,
-        prefixes=cycled_prompts(run, flags.prompt_cycle) if flags.prompt_cycle else None,
+        prefixes=cycled_prompts(run, flags.prompt_cycle) if flags.prompt_cycle else run.prefixes,
     )
     gpu = _required(deployment, run, "gpu", "--gpu")
     engine, _, version = str(_required(deployment, run, "engine", "--engine")).partition("==")
@@ -266,6 +282,7 @@ def run_case(run: MeasuredRun, given: Deployment, seed: int = 0, flags: ServerFl
         dtype=deployment.dtype or "bf16", tp=deployment.tp or 1, pp=deployment.pp or 1,
         isl=float(run.prompt_tokens.mean()), osl=float(run.output_tokens.mean()), concurrency=run.concurrency,
         workload=workload, measured_ttft_ms=run.measured_ttft_ms, measured_tpot_ms=run.measured_tpot_ms,
+        measured_e2e_ms=run.measured_e2e_ms,
         source=run.file_format, max_num_seqs=flags.max_num_seqs,
         max_num_batched_tokens=flags.max_num_batched_tokens, async_scheduling=flags.async_scheduling,
         prefix_caching=flags.prefix_caching,
@@ -273,6 +290,15 @@ def run_case(run: MeasuredRun, given: Deployment, seed: int = 0, flags: ServerFl
 
 
 def result_cases(paths: Sequence[Path], given: Deployment, seed: int = 0,
-                 flags: ServerFlags = ServerFlags()) -> list[ServingCase]:
-    """Every run of every file as a case."""
-    return [run_case(run, given, seed, flags) for path in paths for run in read_result_file(Path(path))]
+                 flags: ServerFlags = ServerFlags()) -> tuple[list[ServingCase], list[Skipped]]:
+    """Every comparable run of every file as a case, and the runs that are not comparable, with the reason."""
+    cases, skipped = [], []
+    for path in paths:
+        for run in read_result_file(Path(path), seed):
+            if run.not_comparable is None:
+                cases.append(run_case(run, given, seed, flags))
+            else:
+                model = given.model or run.model_id or ""
+                skipped.append(Skipped(run.run_id, model, given.gpu or run.deployment.gpu or "",
+                                       given.engine or run.deployment.engine or "", run.not_comparable))
+    return cases, skipped

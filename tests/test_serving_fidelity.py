@@ -179,6 +179,21 @@ def test_the_api_server_spreads_a_burst_of_requests_over_time():
     assert (at_once.first_scheduled_s == 0).all()
 
 
+def test_request_latency_adds_to_every_request_without_queueing():
+    # A burst of requests all reach the engine one latency after their send, none waits for another, and one
+    # request alone gains exactly that latency in TTFT and E2E.
+    dep = deployment()
+    latency = dataclasses.replace(dep.release.overhead, request_latency_us=7000.0)
+    burst = simulate(dep, build_workload("fixed:512:8", 4, arrival="burst"),
+                     step_model=StepTimeModel(dep, overhead=latency))
+    np.testing.assert_allclose(burst.first_scheduled_s, 7e-3)
+    one = build_workload("fixed:512:8", 1, arrival="burst")
+    base = simulate(dep, one, step_model=StepTimeModel(dep)).summary()
+    late = simulate(dep, one, step_model=StepTimeModel(dep, overhead=latency)).summary()
+    assert late["ttft_mean_ms"] == pytest.approx(base["ttft_mean_ms"] + 7.0)
+    assert late["e2e_mean_ms"] == pytest.approx(base["e2e_mean_ms"] + 7.0)
+
+
 def test_async_scheduling_hides_host_time_but_not_device_time():
     # Under async scheduling a step lasts max(host, GPU): host time shorter than the GPU's is hidden, GPU time the
     # kernels leave out (device_step_us) is not.

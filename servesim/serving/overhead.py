@@ -15,7 +15,11 @@ no kernel model accounts for. servesim models that cost with these terms:
   hide it;
 - ``request_us`` and ``per_prompt_token_us``: the API server's work on a request before the engine sees it
   (HTTP handling, tokenisation, the hand-off to the engine process), done one request at a time, so a burst of
-  requests reaches the engine spread out, as real clients' requests do.
+  requests reaches the engine spread out, as real clients' requests do;
+- ``request_latency_us``: the time between client and engine that no queue adds to and no engine step
+  holds: the HTTP round trip, the hand-offs between the API server and the engine process both ways, the
+  streamed token's way back. Measured at the client it adds to every TTFT and E2E (and in a closed loop delays
+  the client's next request); the simulator charges it on the way in.
 
 The table is keyed by the engine and the version whose kernels servesim models (``servesim.kernels.engines``);
 the engine registry (``servesim.serving.engines``) gives each release its constants. ``tools/calibrate_overhead.py``
@@ -44,16 +48,22 @@ class HostOverhead:
     device_per_seq_us: float = 0.0
     request_us: float = 0.0
     per_prompt_token_us: float = 0.0
+    request_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us", "device_step_us",
-                     "device_per_seq_us", "request_us", "per_prompt_token_us"):
+                     "device_per_seq_us", "request_us", "per_prompt_token_us", "request_latency_us"):
             if getattr(self, name) < 0:
                 raise ServesimError(f"host overhead {name} must be non-negative, not {getattr(self, name)}")
 
     def front_end_us(self, prompt_tokens: int) -> float:
         """The API server's time on one request of ``prompt_tokens`` tokens before the engine sees it."""
         return self.request_us + self.per_prompt_token_us * prompt_tokens
+
+    @property
+    def has_front_end(self) -> bool:
+        """Whether a request reaches the engine later than its client sends it."""
+        return self.request_us > 0 or self.per_prompt_token_us > 0 or self.request_latency_us > 0
 
     def device_overhead_us(self, num_seqs: int) -> float:
         """GPU time of a step of ``num_seqs`` requests that its kernels do not account for."""

@@ -50,10 +50,12 @@ class _Replica:
         self.front_end_free_s = 0.0  # when the API server finishes the requests it has
 
     def front_end(self, sent_s: float, prompt_tokens: int) -> float:
-        """When a request sent at ``sent_s`` reaches the engine: the API server handles requests one at a time."""
+        """When a request sent at ``sent_s`` reaches the engine: the API server handles requests one at a time,
+        and the way between client and engine adds its latency whatever the load."""
+        overhead = self.step_model.overhead
         start_s = sent_s if sent_s > self.front_end_free_s else self.front_end_free_s
-        self.front_end_free_s = start_s + self.step_model.overhead.front_end_us(prompt_tokens) * 1e-6
-        return self.front_end_free_s
+        self.front_end_free_s = start_s + overhead.front_end_us(prompt_tokens) * 1e-6
+        return self.front_end_free_s + overhead.request_latency_us * 1e-6
 
     def occupy(self, now_s: float, overhead_us: float, stages_us: tuple[float, ...]) -> tuple[float, float]:
         """Run a micro-batch formed at ``now_s``: the host's overhead once it is free, then each stage once it is
@@ -209,7 +211,7 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
 
     Arrivals and step completions wait in two heaps; at equal times arrivals come first, and events of one kind
     in the order they were made. A completion whose step a fast-forward replaced is skipped. With API-server costs
-    (``HostOverhead.front_end_us``) a request arrives twice: sent by its client, then handed to its replica's
+    or latency (``HostOverhead.front_end_us``, ``request_latency_us``) a request arrives twice: sent by its client, then handed to its replica's
     engine once the API server is done with it. The workload's own sends, in time order, join the arrival heap
     one at a time (the next one whenever one leaves it), so that the heap holds what is due soon rather than every
     request of the run; only requests in the system have a :class:`RequestState`.
@@ -224,7 +226,7 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
     # (time, tie-breaker, request, replica): a client's send (replica -1), or the request reaching that replica's
     # engine from its API server.
     arrivals = [(float(arrivals_s[0]), 0, 0, -1)] if sends else []
-    front_end = fleet[0].step_model.overhead.front_end_us(1) > 0
+    front_end = fleet[0].step_model.overhead.has_front_end
     completions: list[tuple[float, int, _Replica, Step]] = []
     seq = issued  # tie-breaker: events of one time and kind in the order they were made
     log = StepLog()

@@ -31,6 +31,11 @@ def deployment(engine="vllm", **overrides):
     return build_deployment(MODEL, GPU, TP1, engine, estimator="roofline", **overrides)
 
 
+def without_latency(dep):
+    """The release's host constants less the request latency, for tests of what happens inside the engine."""
+    return dataclasses.replace(dep.release.overhead, request_latency_us=0.0)
+
+
 @pytest.fixture(scope="module")
 def step_models():
     return {engine: StepTimeModel(deployment(engine)) for engine in ("vllm", "sglang")}
@@ -147,7 +152,7 @@ def test_async_scheduling_admits_an_arrival_one_step_later(step_models):
     first_token = {}
     for async_scheduling in (False, True):
         dep = deployment(async_scheduling=async_scheduling)
-        result = simulate(dep, load, step_model=StepTimeModel(dep))
+        result = simulate(dep, load, step_model=StepTimeModel(dep, overhead=without_latency(dep)))
         steps = result.steps
         arrival_step = int(np.searchsorted(steps.end_s, 0.5))  # the step running when it arrives
         admitted = int(np.argmax(steps.prefill_tokens[arrival_step + 1:] > 0)) + arrival_step + 1
@@ -170,12 +175,12 @@ def test_the_api_server_spreads_a_burst_of_requests_over_time():
     # includes that wait; without API-server costs they all reach it at once.
     load = build_workload("fixed:512:8", 4, arrival="burst")
     dep = deployment()
-    costs = dataclasses.replace(dep.release.overhead, request_us=1000.0, per_prompt_token_us=1.0)
+    costs = dataclasses.replace(without_latency(dep), request_us=1000.0, per_prompt_token_us=1.0)
     spread = simulate(dep, load, step_model=StepTimeModel(dep, overhead=costs))
     turn_s = (1000.0 + 512 * 1.0) * 1e-6
     np.testing.assert_allclose(np.sort(spread.first_scheduled_s)[0], turn_s)
     assert (np.sort(spread.first_scheduled_s) >= turn_s * np.arange(1, 5) - 1e-12).all()
-    at_once = simulate(dep, load, step_model=StepTimeModel(dep))
+    at_once = simulate(dep, load, step_model=StepTimeModel(dep, overhead=without_latency(dep)))
     assert (at_once.first_scheduled_s == 0).all()
 
 
@@ -184,14 +189,28 @@ def test_request_latency_adds_to_every_request_without_queueing():
     # request alone gains exactly that latency in TTFT and E2E.
     dep = deployment()
     latency = dataclasses.replace(dep.release.overhead, request_latency_us=7000.0)
+    none = without_latency(dep)
     burst = simulate(dep, build_workload("fixed:512:8", 4, arrival="burst"),
                      step_model=StepTimeModel(dep, overhead=latency))
     np.testing.assert_allclose(burst.first_scheduled_s, 7e-3)
     one = build_workload("fixed:512:8", 1, arrival="burst")
-    base = simulate(dep, one, step_model=StepTimeModel(dep)).summary()
+    base = simulate(dep, one, step_model=StepTimeModel(dep, overhead=none)).summary()
     late = simulate(dep, one, step_model=StepTimeModel(dep, overhead=latency)).summary()
     assert late["ttft_mean_ms"] == pytest.approx(base["ttft_mean_ms"] + 7.0)
     assert late["e2e_mean_ms"] == pytest.approx(base["e2e_mean_ms"] + 7.0)
+
+
+def test_under_async_scheduling_a_late_request_joins_the_step_after_next_from_its_arrival():
+    # The host formed the next step before the request reached the engine, whenever the client sent it: at light
+    # load the latency moves the mean TTFT by about itself, not by nothing.
+    dep = deployment(async_scheduling=True)
+    load = build_workload("fixed:256:64", 200, qps=4)
+    ttft_ms = {}
+    for latency_us in (0.0, 6000.0):
+        costs = dataclasses.replace(dep.release.overhead, request_latency_us=latency_us)
+        ttft_ms[latency_us] = simulate(dep, load, step_model=StepTimeModel(dep, overhead=costs)).summary()[
+            "ttft_mean_ms"]
+    assert ttft_ms[6000.0] - ttft_ms[0.0] == pytest.approx(6.0, rel=0.25)
 
 
 def test_async_scheduling_hides_host_time_but_not_device_time():

@@ -28,8 +28,8 @@ class Scheduler:
         self.cache = PrefixCache(unit_tokens, page_tokens) if prefix_caching else None
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
-        #: Waiting requests issued after this are not admitted yet: under async scheduling the host formed the
-        #: step before they arrived (set by the simulator before each :meth:`schedule`).
+        #: Waiting requests that reached the engine after this are not admitted yet: under async scheduling the
+        #: host formed the step before they arrived (set by the simulator before each :meth:`schedule`).
         self.admit_before_s = math.inf
 
     @property

@@ -114,7 +114,7 @@ class SglangScheduler(Scheduler):
             rem_total -= new
         while self.waiting and rem_chunk > 0 and len(self.running) + (self.chunked is not None) < self.max_running:
             req = self.waiting[0]
-            if req.issue_s > self.admit_before_s:
+            if req.reached_s > self.admit_before_s:
                 break
             path, hit, pinned = self.lookup(req)
             extend = req.seq_len - hit

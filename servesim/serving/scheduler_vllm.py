@@ -130,7 +130,7 @@ class VllmScheduler(Scheduler):
         if not preempted:
             while self.waiting and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                if req.issue_s > self.admit_before_s:
+                if req.reached_s > self.admit_before_s:
                     break
                 admitted = self._admission(req, budget)
                 if admitted is None:

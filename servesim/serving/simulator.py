@@ -265,6 +265,7 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
                         replica = None
                 else:
                     req, replica = states[rid], fleet[at]
+                    req.reached_s = now_s
                 if replica is not None:
                     replica.scheduler.add(req)
                     if replica not in ready:

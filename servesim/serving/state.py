@@ -22,7 +22,7 @@ class RequestState:
     """Mutable per-request state inside one replica (the simulator's hot loop touches it every step)."""
 
     __slots__ = (
-        "rid", "prompt", "output", "issue_s", "computed", "generated", "kv_held", "first_scheduled_s",
+        "rid", "prompt", "output", "issue_s", "reached_s", "computed", "generated", "kv_held", "first_scheduled_s",
         "first_token_s", "token_times_s", "preemptions", "in_flight", "segment_ids", "segment_tokens", "output_id",
         "cache_path", "cached_units", "cached_tokens",
     )
@@ -32,7 +32,8 @@ class RequestState:
         self.rid = rid
         self.prompt = prompt
         self.output = output
-        self.issue_s = issue_s
+        self.issue_s = issue_s  # the client's send, from which TTFT and E2E count
+        self.reached_s = issue_s  # when it reached the engine (later with an API server's cost or latency)
         self.computed = 0
         self.generated = 0
         self.kv_held = 0  # KV units held: vLLM blocks, SGLang token slots

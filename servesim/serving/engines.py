@@ -11,7 +11,7 @@ names. Adding a release is one entry in its engine's ``releases``; docs/engines.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from servesim.errors import ServesimError, suggest
@@ -21,7 +21,7 @@ from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryReserve
 from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
 from servesim.serving.config import EngineSettings
-from servesim.serving.overhead import HOST_OVERHEAD, HostOverhead
+from servesim.serving.overhead import HOST_OVERHEAD, VLLM_REQUEST_LATENCY_US, HostOverhead
 from servesim.serving.scheduler import Scheduler
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
@@ -209,6 +209,7 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: Eng
 
 
 _VLLM_OVERHEAD = HOST_OVERHEAD[("vllm", "0.11.0")]
+_VLLM_ASYNC_OVERHEAD = replace(_VLLM_OVERHEAD, request_latency_us=VLLM_REQUEST_LATENCY_US)
 _SGLANG_OVERHEAD = HOST_OVERHEAD[("sglang", "0.5.3")]
 
 VLLM = Vllm("vllm", (
@@ -216,7 +217,7 @@ VLLM = Vllm("vllm", (
             kernels_version="0.11.0", note="the release whose kernels the expanders follow"),
     Release("vllm", "0.12.0", async_scheduling=False, prefix_caching=True, overhead=_VLLM_OVERHEAD,
             kernels_version="0.11.0", note="aiconfigurator-core's measured vLLM serving runs"),
-    Release("vllm", "0.15.1", async_scheduling=True, prefix_caching=True, overhead=_VLLM_OVERHEAD,
+    Release("vllm", "0.15.1", async_scheduling=True, prefix_caching=True, overhead=_VLLM_ASYNC_OVERHEAD,
             kernels_version="0.11.0", note="async scheduling on by default from 0.14.0"),
 ), VllmScheduler)
 

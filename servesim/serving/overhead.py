@@ -100,6 +100,15 @@ HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
 )
 
 
+#: vLLM's request latency outside the engine, µs (``request_latency_us``), for the releases whose measured runs
+#: show it: the mean over the 20 load stages of inference-sim's public inference-perf runs (vLLM on H100 SXM,
+#: Llama-2-7B/70B, CodeLlama-34B, Mixtral-8x7B; every request succeeded) of the median TTFT less the 2.5 steps
+#: async scheduling accounts for: 6.1 to 13.0 ms per stage, ``python experiments/request_latency.py``
+#: (docs/validation-results.md). It is read from the measured TTFT and step times alone, not fitted through
+#: servesim's kernel predictions.
+VLLM_REQUEST_LATENCY_US = 8600.0
+
+
 def host_overhead(engine: str, version: str) -> HostOverhead:
     """The constants of ``engine`` at ``version``; raises ServesimError for a version without calibration."""
     try:

@@ -104,3 +104,12 @@ def test_cli_replays_a_report_folder_with_e2e_columns(tmp_path: Path) -> None:
     assert row["predicted_ttft_ms"] < row["predicted_e2e_ms"] and row["requests"] == 20
     (skipped,) = payload["skipped"]
     assert "requests failed" in skipped["reason"]
+
+
+def test_cli_table_ends_with_the_errors_over_the_runs() -> None:
+    result = CliRunner().invoke(main, ["validate", "results", str(REPORT), "--gpu", "H100-SXM", "--estimator",
+                                       "roofline"])
+    assert result.exit_code == 0, result.output
+    summary = next(line for line in result.output.splitlines() if line.startswith("over these runs:"))
+    assert "TTFT MAPE" in summary and "TPOT MAPE" in summary and "E2E MAPE" in summary
+    assert "not replayed: llama2-7b-tp2-chat#1" in result.output

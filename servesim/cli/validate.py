@@ -59,6 +59,17 @@ def _progress(total: int, label: str) -> tuple[Callable[..., None], Callable[[],
     return (lambda *_: bar.update(1)), (lambda: bar.__exit__(None, None, None))
 
 
+def _error_summary(rows: Sequence[dict]) -> str:
+    """One line: MAPE and bias of each compared metric over ``rows``."""
+    parts = []
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
+        errors = [row[f"{key}_error"] for row in rows if f"{key}_error" in row]
+        if errors:
+            mape, bias = 100 * sum(map(abs, errors)) / len(errors), 100 * sum(errors) / len(errors)
+            parts.append(f"{label} MAPE {mape:.1f} % (bias {bias:+.1f} %)")
+    return "over these runs: " + ", ".join(parts)
+
+
 def _skipped_summary(skipped: Sequence) -> list[dict[str, object]]:
     by_reason: dict[str, list] = {}
     for item in skipped:
@@ -270,7 +281,8 @@ def results_command(files, model, gpu, engine, tp, pp, dtype, max_num_seqs, max_
         reasons = "; ".join(f"{s.case_id}: {s.reason}" for s in skipped[:3])
         more = f" (and {len(skipped) - 3} more; --json lists them)" if len(skipped) > 3 else ""
         raise ServesimError(f"none of the {len(skipped)} runs could be replayed: {reasons}{more}")
-    notes = [f"{len(rows)} runs replayed with the {estimator} estimator; error = predicted / measured - 1."]
+    notes = [f"{len(rows)} runs replayed with the {estimator} estimator; error = predicted / measured - 1.",
+             _error_summary(rows)]
     notes += [f"not replayed: {s.case_id}: {s.reason}" for s in skipped]
     columns = _ROW_COLUMNS + (_E2E_COLUMNS if any("e2e_error" in row for row in rows) else ())
     emit(rows, columns, output_format, title="Measured vs predicted", notes=notes,

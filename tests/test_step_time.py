@@ -31,26 +31,41 @@ BATCHES = {
 }
 
 
+def _attention_us(model: StepTimeModel, batch: BatchSpec, stage: int, floor_us: float) -> float:
+    """A stage's attention time in ``batch`` from the expanded kernels of ``batch`` (floored at ``floor_us``)."""
+    step = model.expand_stage(batch, stage)
+    return sum(max(float(model.estimator.predict_us([op], model.gpu)[0]), floor_us) * repeats
+               for op, repeats in step.op_counts if isinstance(op, (AttentionDecode, AttentionPrefill)))
+
+
 def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[float, ...], float]:
     """Each stage's time and the host overhead, from every kernel and collective of the expanded step: eager
     kernels floored at the launch cost, attention eager outside full graphs, a graph launch per stage and per
-    eager attention call in a piecewise graph, and each stage's share of the device time the kernels leave out."""
+    eager attention call in a piecewise graph, and each stage's share of the device time the kernels leave out.
+    A step of decodes and prompt chunks times its attention as the decodes' and the chunks' apart."""
     floor_us = model.overhead.eager_launch_us
     stages, launches = [], 0
+    mixed = bool(batch.prefills and batch.decodes)
     for stage in range(model.par.pp):
         step = model.expand_stage(batch, stage)
+        attention_floor_us = 0.0 if step.graph_mode == "full" else floor_us
         total = 0.0
+        if mixed:
+            total += sum(_attention_us(model, part, stage, attention_floor_us)
+                         for part in (BatchSpec(decodes=batch.decodes), BatchSpec(prefills=batch.prefills)))
         for op, repeats in step.op_counts:
             if isinstance(op, Collective):
                 total += model.collective_time_us(op, step.graph_mode != "none") * repeats
                 continue
             assert isinstance(op, Kernel)
-            us = float(model.estimator.predict_us([op], model.gpu)[0])
             attention = isinstance(op, (AttentionDecode, AttentionPrefill))
-            if step.graph_mode == "none" or (attention and step.graph_mode == "piecewise"):
-                us = max(us, floor_us)
             if attention and step.graph_mode == "piecewise":
                 launches += repeats
+            if attention and mixed:
+                continue
+            us = float(model.estimator.predict_us([op], model.gpu)[0])
+            if step.graph_mode == "none" or (attention and step.graph_mode == "piecewise"):
+                us = max(us, floor_us)
             total += us * repeats
         launches += step.graph_mode != "none"
         layers = len(stage_layers(model.model.num_layers, model.par.pp, stage))

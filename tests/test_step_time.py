@@ -42,7 +42,8 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
     """Each stage's time and the host overhead, from every kernel and collective of the expanded step: eager
     kernels floored at the launch cost, attention eager outside full graphs, a graph launch per stage and per
     eager attention call in a piecewise graph, and each stage's share of the device time the kernels leave out.
-    A step of decodes and prompt chunks times its attention as the decodes' and the chunks' apart."""
+    A step of decodes and prompt chunks times its attention as the smaller of its launched kernels and the
+    decodes' and the chunks' kernels apart."""
     floor_us = model.overhead.eager_launch_us
     stages, launches = [], 0
     mixed = bool(batch.prefills and batch.decodes)
@@ -51,8 +52,9 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
         attention_floor_us = 0.0 if step.graph_mode == "full" else floor_us
         total = 0.0
         if mixed:
-            total += sum(_attention_us(model, part, stage, attention_floor_us)
-                         for part in (BatchSpec(decodes=batch.decodes), BatchSpec(prefills=batch.prefills)))
+            total += min(_attention_us(model, batch, stage, attention_floor_us),
+                         sum(_attention_us(model, part, stage, attention_floor_us)
+                             for part in (BatchSpec(decodes=batch.decodes), BatchSpec(prefills=batch.prefills))))
         for op, repeats in step.op_counts:
             if isinstance(op, Collective):
                 total += model.collective_time_us(op, step.graph_mode != "none") * repeats

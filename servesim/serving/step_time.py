@@ -237,30 +237,34 @@ class StepTimeModel:
         known = self.attention_by_batch
         new = [batch for batch in dict.fromkeys(batches) if batch not in known]
         if new:
-            kernels = [self._timed_attention(batch) for batch in new]
-            times_us = self.kernel_times_us([kernel for batch_kernels in kernels for kernel in batch_kernels])
+            # Each batch's launched kernels, then (a mixed batch) its decodes' and its chunks' kernels apart.
+            launched = [self._step_part("attention", batch) for batch in new]
+            apart = [self._attention_apart(batch) for batch in new]
+            times_us = self.kernel_times_us([kernel for kernels in (*launched, *apart) for kernel in kernels])
             start = 0
-            for batch, batch_kernels in zip(new, kernels):
-                kernel_us = times_us[start:start + len(batch_kernels)]
-                start += len(batch_kernels)
-                if self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full":
-                    # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager
-                    # step): it pays the launch floor.
-                    kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
-                launched = len(self._step_part("attention", batch)) if batch.prefills and batch.decodes else \
-                    len(batch_kernels)
-                known[batch] = (float(kernel_us.sum()) / self.model.attention_cycle_layers,
-                                launched // self.model.attention_cycle_layers)
+            spans = []
+            for kernels in (*launched, *apart):
+                spans.append(times_us[start:start + len(kernels)])
+                start += len(kernels)
+            cycle = self.model.attention_cycle_layers
+            for i, batch in enumerate(new):
+                eager = self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full"
+                # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager step):
+                # it pays the launch floor.
+                total_us = [float(np.maximum(span, self.overhead.eager_launch_us).sum() if eager else span.sum())
+                            for span in (spans[i], spans[len(new) + i]) if len(span)]
+                known[batch] = (min(total_us) / cycle, len(launched[i]) // cycle)
         return [known[batch] for batch in batches]
 
-    def _timed_attention(self, batch: BatchSpec) -> tuple[Op, ...]:
-        """The kernels whose times make up ``batch``'s attention. A step of decodes and prompt chunks is timed as
-        its decodes' attention plus its chunks' apart, whether the engine launches one varlen kernel (vLLM's
-        FlashAttention) or one per kind: the decode rows of a varlen launch stream their keys as a decode kernel
-        does, and the prefill network, trained on prompt-only launches, made 110 decodes of Llama-2-7B with one
-        19-token chunk 41 % slower than the decodes alone (docs/validation-results.md)."""
+    def _attention_apart(self, batch: BatchSpec) -> tuple[Op, ...]:
+        """A mixed batch's attention as separate launches for its decodes and its chunks (nothing for a batch of
+        one kind). One varlen launch over both (vLLM's FlashAttention) takes no longer than these would: it saves
+        the second launch's fixed cost and fills the SMs as well. The prefill network, trained on prompt-only
+        launches, exceeds that bound where decode rows dominate (110 decodes of Llama-2-7B with one 19-token chunk
+        came out 41 % slower than the decodes alone), so a mixed launch takes the smaller of the two times
+        (docs/validation-results.md)."""
         if not (batch.prefills and batch.decodes):
-            return self._step_part("attention", batch)
+            return ()
         return (*self._step_part("attention", BatchSpec(decodes=batch.decodes)),
                 *self._step_part("attention", BatchSpec(prefills=batch.prefills)))
 

@@ -25,8 +25,16 @@ from servesim.workloads.prefix import UNIQUE, PromptSegments
 from servesim.workloads.request import Workload
 
 
+class _Unset:
+    """A frozen dataclass of optional fields (``None``: not given) that the next source fills."""
+
+    def filled_from(self, other):
+        """This record with its unset fields taken from ``other``, a record of the same kind."""
+        return replace(self, **{k: v for k, v in vars(other).items() if getattr(self, k) is None})
+
+
 @dataclass(frozen=True)
-class Deployment:
+class Deployment(_Unset):
     """What served the benchmark; ``None`` fields are read from the file or reported missing."""
 
     model: str | None = None
@@ -35,10 +43,6 @@ class Deployment:
     tp: int | None = None
     pp: int | None = None
     dtype: str | None = None
-
-    def filled_from(self, other: Deployment) -> Deployment:
-        """This deployment with its unset fields taken from ``other``."""
-        return replace(self, **{k: v for k, v in vars(other).items() if getattr(self, k) is None})
 
 
 class _Doc:
@@ -79,7 +83,7 @@ def _read_json(path: Path) -> Any:
 
 
 @dataclass(frozen=True)
-class ServerFlags:
+class ServerFlags(_Unset):
     """What the server and the benchmark ran with that a result file does not record (``None``: the defaults):
     the engine settings, and ``prompt_cycle``, the number of distinct prompts a benchmark sent in turn."""
 
@@ -88,10 +92,6 @@ class ServerFlags:
     prefix_caching: bool | None = None
     async_scheduling: bool | None = None
     prompt_cycle: int | None = None
-
-    def filled_from(self, other: ServerFlags) -> ServerFlags:
-        """These flags with their unset ones taken from ``other``."""
-        return replace(self, **{k: v for k, v in vars(other).items() if getattr(self, k) is None})
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,16 +11,21 @@ from servesim.errors import ServesimError
 
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss",
-                         "deepseek_v3", "kimi_k2", "kimi_k25")
+                         "deepseek_v3", "kimi_k2", "kimi_k25", "qwen3_next", "qwen3_5_moe")
 #: Multi-head latent attention and DeepSeekMoE (DeepSeek-V3/R1; Kimi-K2 and the text model of Kimi-K2.5, whose
 #: ``text_config`` is a DeepSeek-V3 config): vLLM and SGLang ``models/deepseek_v2.py``.
 _MLA_TYPES = ("deepseek_v3", "kimi_k2")
-#: Multimodal wrappers whose ``text_config`` holds the language model servesim times (the vision tower is left out).
-_TEXT_CONFIG_TYPES = ("kimi_k25",)
+#: Hybrid linear attention (Qwen3-Next, the text model of Qwen3.5-MoE): Gated DeltaNet layers with a recurrent
+#: state, every ``full_attention_interval``-th layer gated full attention, sparse MoE with a gated shared expert
+#: (vLLM ``models/qwen3_next.py``, ``models/qwen3_5.py``; SGLang ``srt/models/qwen3_next.py``).
+_HYBRID_LINEAR_TYPES = ("qwen3_next", "qwen3_5_moe_text")
+#: Multimodal wrappers whose ``text_config`` holds the language model servesim times (the vision tower is left
+#: out), with the text model types servesim reads there.
+_TEXT_CONFIG_TYPES = {"kimi_k25": _MLA_TYPES, "qwen3_5_moe": ("qwen3_5_moe_text",)}
 #: Architectures whose ``intermediate_size`` is each expert's width, every layer being MoE.
 _ALL_MOE_TYPES = ("mixtral", "minimax_m2", "gpt_oss")
 #: Per-head RMSNorm of Q and K over ``head_dim`` (Qwen3).
-_HEAD_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+_HEAD_QK_NORM_TYPES = ("qwen3", "qwen3_moe", *_HYBRID_LINEAR_TYPES)
 #: Attention with a learned per-head sink logit, biased QKV and output projections, and biased experts and router
 #: (gpt-oss; vllm/model_executor/models/gpt_oss.py).
 _SINK_TYPES = ("gpt_oss",)
@@ -28,7 +33,9 @@ _SINK_TYPES = ("gpt_oss",)
 #: minimax_m2.py).
 _FP32_ROUTER_TYPES = ("minimax_m2",)
 #: The per-layer attention kinds a config's ``layer_types`` may list (Hugging Face's names).
-_LAYER_TYPES = ("full_attention", "sliding_attention")
+_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+#: The recurrent state's dtype names a config's ``mamba_ssm_dtype`` may give.
+_STATE_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,18 @@ class ModelConfig:
     n_group: int = 0
     topk_group: int = 0
     int4_group_size: int = 0  # a compressed-tensors INT4 checkpoint's weights per scale (Kimi-K2.5: 32); 0 none
+    shared_expert_size: int = 0  # one shared expert's width when the config gives it apart (Qwen3-Next); 0: n_shared
+    shared_expert_gate: bool = False  # a sigmoid gate (hidden -> 1) scales the shared expert's output (Qwen3-Next)
+    attn_output_gate: bool = False  # q_proj also yields a per-head gate; attention's output times its sigmoid
+    # Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): the layers listed keep a fixed recurrent state per
+    # request (a causal-conv window and a per-value-head dk x dv matrix) instead of KV.
+    linear_layer_indices: tuple[int, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    linear_state_dtype: str = "bf16"  # the recurrent (SSM) state's dtype, the config's ``mamba_ssm_dtype``
 
     @property
     def is_moe(self) -> bool:
@@ -102,7 +121,33 @@ class ModelConfig:
 
     @property
     def shared_expert_intermediate_size(self) -> int:
-        return self.moe_intermediate_size * self.n_shared_experts
+        return self.shared_expert_size or self.moe_intermediate_size * self.n_shared_experts
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """A Gated DeltaNet layer: a recurrent state per request, no KV."""
+        return layer in self.linear_layer_indices
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the causal convolution: Q, K and V of every head."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    def linear_attention_params(self) -> int:
+        """One Gated DeltaNet layer's mixer: in_proj_qkvz (Q, K, V and the output gate z), in_proj_ba (beta and
+        the decay's input a, one each per value head), the conv1d weights, A_log and dt_bias, the gated norm and
+        out_proj."""
+        hidden, nv = self.hidden_size, self.linear_num_value_heads
+        proj = hidden * (2 * self.linear_key_dim + 2 * self.linear_value_dim) + hidden * 2 * nv
+        return (proj + self.linear_conv_dim * self.linear_conv_kernel_dim + 2 * nv + self.linear_value_head_dim
+                + self.linear_value_dim * hidden)
 
     @property
     def rope_dim(self) -> int:
@@ -112,15 +157,20 @@ class ModelConfig:
     def is_sliding_layer(self, layer: int) -> bool:
         return layer in self.sliding_layer_indices
 
+    def keeps_kv(self, layer: int) -> bool:
+        """A layer that caches every token's K and V: neither sliding-window nor linear attention."""
+        return not self.is_sliding_layer(layer) and not self.is_linear_layer(layer)
+
     def attention_window(self, layer: int) -> int:
         """Keys a query of ``layer`` sees at most, itself included; 0 for a full-attention layer."""
         return self.sliding_window if self.is_sliding_layer(layer) else 0
 
     @property
     def attention_cycle_layers(self) -> int:
-        """The fewest layers after which the layers' attention kinds (full or sliding) repeat: 1 when every layer
-        attends alike, 2 for gpt-oss's alternation. One cycle's attention over its length is a layer's mean."""
-        kinds = [self.is_sliding_layer(i) for i in range(self.num_layers)]
+        """The fewest layers after which the layers' attention kinds (full, sliding or linear) repeat: 1 when every
+        layer attends alike, 2 for gpt-oss's alternation, 4 for Qwen3.5's three linear layers to one full. One
+        cycle's attention over its length is a layer's mean."""
+        kinds = [(self.is_sliding_layer(i), self.is_linear_layer(i)) for i in range(self.num_layers)]
         return next(p for p in range(1, self.num_layers + 1)
                     if all(kinds[i] == kinds[i % p] for i in range(self.num_layers)))
 
@@ -155,7 +205,8 @@ class ModelConfig:
     def attention_params_per_layer(self) -> int:
         if self.is_mla:
             return self.mla_params_per_layer()
-        params = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        q_out = 2 * self.q_size if self.attn_output_gate else self.q_size
+        params = self.hidden_size * (q_out + 2 * self.kv_size) + self.q_size * self.hidden_size
         if self.attention_bias:
             params += self.q_size + 2 * self.kv_size
         if self.o_proj_bias:
@@ -182,14 +233,15 @@ class ModelConfig:
         return 3 * self.hidden_size * self.shared_expert_intermediate_size
 
     def moe_mlp_params(self) -> int:
-        router = self.hidden_size * self.num_experts
+        router = self.hidden_size * self.num_experts + (self.hidden_size if self.shared_expert_gate else 0)
         if self.n_group:  # DeepSeek-V3's router also keeps a per-expert score-correction bias
             router += self.num_experts
         return self.num_experts * self.expert_params() + router + self.moe_bias_params() + self.shared_expert_params()
 
     def layer_params(self, layer: int) -> int:
         mlp = self.moe_mlp_params() if self.is_moe_layer(layer) else self.dense_mlp_params()
-        return self.attention_params_per_layer() + mlp + 2 * self.hidden_size  # two RMSNorms
+        mixer = self.linear_attention_params() if self.is_linear_layer(layer) else self.attention_params_per_layer()
+        return mixer + mlp + 2 * self.hidden_size  # two RMSNorms
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -211,9 +263,18 @@ class ModelConfig:
         """KV-cache bytes one token occupies across the whole model (K and V, every layer; MLA: the one latent of
         ``mla_latent_dim`` values a layer). Sliding-window layers keep only their window's tokens, so a long context
         costs less (servesim/models/memory.py)."""
+        layers = self.num_layers - len(self.linear_layer_indices)  # linear layers keep a state, not KV
         if self.is_mla:
-            return self.num_layers * self.mla_latent_dim * kv_dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+            return layers * self.mla_latent_dim * kv_dtype_bytes
+        return 2 * layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+
+    def linear_state_bytes(self, state_dtype_bytes: float, conv_dtype_bytes: float = 2) -> float:
+        """One request's recurrent state in one linear layer, whole model: the last ``conv_kernel_dim - 1`` inputs
+        of every conv channel and one ``key_head_dim x value_head_dim`` matrix per value head. It does not grow
+        with the context."""
+        conv = (self.linear_conv_kernel_dim - 1) * self.linear_conv_dim * conv_dtype_bytes
+        ssm = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * state_dtype_bytes
+        return conv + ssm
 
 
 #: What to do about requests longer than the context, where the caller has nothing more specific to say.
@@ -258,14 +319,18 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
                                 f"holding the language model's keys")
         # The wrapper's quantisation section, if any, applies when the text model declares none.
         cfg = {"quantization_config": cfg.get("quantization_config"), **text}
+        readable = _TEXT_CONFIG_TYPES[model_type]
         model_type = cfg.get("model_type", "")
-        if model_type not in _MLA_TYPES:
+        if model_type not in readable:
             raise ServesimError(f"model config {source!r}: its text_config has model_type {model_type!r}; servesim "
-                                f"reads {', '.join(_MLA_TYPES)} there")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+                                f"reads {', '.join(readable)} there")
+    if model_type not in SUPPORTED_MODEL_TYPES and model_type not in _HYBRID_LINEAR_TYPES:
         raise ServesimError(
             f"model {name!r} has model_type {model_type!r}; servesim supports {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    hybrid = model_type in _HYBRID_LINEAR_TYPES
+    if hybrid and cfg.get("intermediate_size") is None and cfg.get("moe_intermediate_size") is not None:
+        cfg = {**cfg, "intermediate_size": cfg["moe_intermediate_size"]}  # Qwen3.5-MoE: every layer is MoE
     try:
         hidden, heads, layers, vocab, intermediate = (
             _count(cfg[key], key, source)
@@ -304,7 +369,12 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
             moe_layers = tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
     top_k = int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0)) if num_experts else 0
     sliding_layers, window = _sliding_layers(cfg, layers, source)
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
     rotary_dim = int(_first(cfg, "rotary_dim", default=0))
+    partial = _first(cfg, "partial_rotary_factor", default=rope.get("partial_rotary_factor"))
+    if not rotary_dim and partial is not None:
+        rotary_dim = int(head_dim * float(partial))
+    linear = _linear_fields(cfg, layers, source) if hybrid else {}
     if not 0 <= rotary_dim <= head_dim or rotary_dim % 2:
         raise ServesimError(f"model config {source!r}: rotary_dim {rotary_dim} must be an even number of at most "
                             f"head_dim {head_dim}")
@@ -325,12 +395,12 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
         qk_norm=_qk_norm(cfg, model_type),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=float(_first(cfg, "rope_theta", default=rope.get("rope_theta", 10000.0))),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         num_experts=num_experts,
         num_experts_per_tok=top_k,
         moe_intermediate_size=moe_intermediate,
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type in _ALL_MOE_TYPES)) if num_experts else False,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type in _ALL_MOE_TYPES or hybrid)) if num_experts else False,
         moe_layer_indices=moe_layers,
         rotary_dim=rotary_dim if rotary_dim != head_dim else 0,
         o_proj_bias=sinks,
@@ -342,7 +412,37 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         checkpoint_quant=checkpoint_quant(cfg.get("quantization_config")),
         int4_group_size=int4_group_size(cfg.get("quantization_config")),
         **mla,
+        **linear,
     )
+
+
+def _linear_fields(cfg: Mapping[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """The Gated DeltaNet keys of a Qwen3-Next / Qwen3.5 config: which layers are linear (``layer_types``, else
+    all but every ``full_attention_interval``-th), their heads, the conv width and the state's dtype; the full
+    layers' output gate and the gated shared expert."""
+    kinds = cfg.get("layer_types")
+    if kinds:
+        linear = tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention")
+    else:
+        interval = _count(cfg.get("full_attention_interval"), "full_attention_interval", source)
+        linear = tuple(i for i in range(layers) if (i + 1) % interval)
+    if len(linear) == layers:
+        raise ServesimError(f"model config {source!r}: every layer is linear_attention; servesim's KV accounting "
+                            f"needs at least one full_attention layer")
+    fields: dict[str, Any] = {key: _count(cfg.get(key), key, source) for key in (
+        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+        "linear_conv_kernel_dim")}
+    if fields["linear_num_value_heads"] % fields["linear_num_key_heads"]:
+        raise ServesimError(f"model config {source!r}: linear_num_value_heads must be a multiple of "
+                            f"linear_num_key_heads")
+    state = str(cfg.get("mamba_ssm_dtype") or "bfloat16")
+    if state not in _STATE_DTYPES:
+        raise ServesimError(f"model config {source!r}: mamba_ssm_dtype {state!r} is not one of "
+                            f"{', '.join(_STATE_DTYPES)}")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    return dict(fields, linear_layer_indices=linear, linear_state_dtype=_STATE_DTYPES[state],
+                attn_output_gate=bool(cfg.get("attn_output_gate", True)), shared_expert_size=shared,
+                n_shared_experts=1 if shared else 0, shared_expert_gate=bool(shared))
 
 
 def _mla_fields(cfg: Mapping[str, Any], source: str) -> dict[str, int]:
@@ -387,7 +487,7 @@ def _sliding_layers(cfg: Mapping[str, Any], layers: int, source: str) -> tuple[t
     sliding = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
     if not sliding:
         return (), 0
-    if len(sliding) == layers:
+    if len(sliding) == sum(kind != "linear_attention" for kind in kinds):
         raise ServesimError(f"model config {source!r}: every layer is sliding_attention; servesim's KV accounting "
                             f"needs at least one full_attention layer")
     return sliding, _count(cfg.get("sliding_window"), "sliding_window", source)

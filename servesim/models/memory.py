@@ -56,8 +56,13 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
     hidden, head_dim = model.hidden_size, model.head_dim
     q_per_gpu = model.q_size / tp
     kv_per_gpu = kv_heads_per_gpu(model, tp) * head_dim
-    linear = hidden * (q_per_gpu + 2 * kv_per_gpu) + q_per_gpu * hidden
-    other = 2 * hidden + {"": 0, "head": 2 * head_dim, "layer": q_per_gpu + kv_per_gpu}[model.qk_norm]
+    if model.is_linear_layer(layer):
+        linear, other = _linear_mixer_weights_per_gpu(model, tp)
+        other += 2 * hidden
+    else:
+        q_out = 2 * q_per_gpu if model.attn_output_gate else q_per_gpu
+        linear = hidden * (q_out + 2 * kv_per_gpu) + q_per_gpu * hidden
+        other = 2 * hidden + {"": 0, "head": 2 * head_dim, "layer": q_per_gpu + kv_per_gpu}[model.qk_norm]
     if model.attention_bias:
         other += q_per_gpu + 2 * kv_per_gpu
     if model.o_proj_bias:
@@ -68,11 +73,24 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
         inter = model.moe_intermediate_size / tp
         experts = model.num_experts * 3 * hidden * inter
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype]
+        linear += 3 * hidden * model.shared_expert_intermediate_size / tp
+        other_bytes += hidden * 2 if model.shared_expert_gate else 0
         if model.moe_bias:
             other_bytes += model.num_experts * (1 + 2 * inter + hidden) * 2
     else:
         linear += 3 * hidden * model.intermediate_size / tp
     return linear * DTYPE_BYTES[linear_dtype] + experts * expert_weight_bytes(model, expert_dtype) + other_bytes
+
+
+def _linear_mixer_weights_per_gpu(model: ModelConfig, tp: int) -> tuple[float, float]:
+    """A Gated DeltaNet mixer on one GPU, as (TP-sharded linear weights, other 16-bit values): in_proj_qkvz and
+    in_proj_ba column-split by head, out_proj row-split; the conv weights, A_log, dt_bias split by channel and
+    head; the gated norm's one ``value_head_dim`` vector whole."""
+    hidden, nv = model.hidden_size, model.linear_num_value_heads
+    linear = (hidden * (2 * model.linear_key_dim + 2 * model.linear_value_dim + 2 * nv)
+              + model.linear_value_dim * hidden) / tp
+    other = (model.linear_conv_dim * model.linear_conv_kernel_dim + 2 * nv) / tp + model.linear_value_head_dim
+    return linear, other
 
 
 def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, linear_dtype: str,
@@ -136,8 +154,17 @@ def kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int,
     """KV-cache bytes one token takes on one GPU of ``stage`` in the layers that keep every token (K and V of that
     stage's full-attention layers)."""
     layers = stage_layers(model.num_layers, par.pp, stage)
-    full = sum(1 for layer in layers if not model.is_sliding_layer(layer))
+    full = sum(1 for layer in layers if model.keeps_kv(layer))
     return _kv_bytes_per_token_of_layers(model, par, full, kv_dtype)
+
+
+def linear_state_bytes_per_request_per_gpu(model: ModelConfig, par: Parallelism, stage: int) -> float:
+    """Recurrent-state bytes one request holds on one GPU of ``stage`` in its Gated DeltaNet layers, whatever its
+    context: conv window (16-bit) and SSM state (``linear_state_dtype``), both split by TP over heads/channels."""
+    layers = stage_layers(model.num_layers, par.pp, stage)
+    linear = sum(1 for layer in layers if model.is_linear_layer(layer))
+    per_layer = model.linear_state_bytes(DTYPE_BYTES[model.linear_state_dtype]) / par.tp if linear else 0.0
+    return linear * per_layer
 
 
 def window_kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int,
@@ -189,11 +216,13 @@ class MemoryPlan:
     block_size: int
     window_kv_bytes_per_token: float = 0.0  # per GPU, in the sliding-window layers
     window_blocks: int = 0  # blocks of a request's window those layers keep at most
+    state_bytes_per_request: float = 0.0  # per GPU, the linear-attention layers' recurrent state of one request
 
     @property
     def _block_bytes(self) -> float:
-        """One block in every layer: the least a request takes."""
-        return (self.kv_bytes_per_token + self.window_kv_bytes_per_token) * self.block_size
+        """One block in every layer and one recurrent state: the least a request takes."""
+        return (self.kv_bytes_per_token + self.window_kv_bytes_per_token) * self.block_size + (
+            self.state_bytes_per_request)
 
     @property
     def fits(self) -> bool:
@@ -209,10 +238,12 @@ class MemoryPlan:
 
     def request_kv_tokens(self, context_tokens: int) -> float:
         """Pool tokens one request of ``context_tokens`` takes: its whole blocks, plus in the sliding-window layers
-        the blocks of its window at their bytes' share of a pool token."""
+        the blocks of its window at their bytes' share of a pool token, and its recurrent state likewise."""
         blocks = -(-context_tokens // self.block_size)
         window_share = self.window_kv_bytes_per_token / self.kv_bytes_per_token
-        return blocks * self.block_size + min(blocks, self.window_blocks) * self.block_size * window_share
+        state_tokens = self.state_bytes_per_request / self.kv_bytes_per_token
+        return (blocks * self.block_size + min(blocks, self.window_blocks) * self.block_size * window_share
+                + state_tokens)
 
     def max_sequences(self, context_tokens: int) -> int:
         """Sequences of ``context_tokens`` whose KV fits at once (:meth:`request_kv_tokens` each)."""
@@ -257,6 +288,7 @@ def plan_memory(
                 block_size=block_size,
                 window_kv_bytes_per_token=window_kv_bytes_per_token_per_gpu(model, par, stage, kv_dtype),
                 window_blocks=window_blocks(model.sliding_window, block_size),
+                state_bytes_per_request=linear_state_bytes_per_request_per_gpu(model, par, stage),
             )
         )
     return min(plans, key=lambda p: p.kv_cache_bytes / p.kv_bytes_per_token)

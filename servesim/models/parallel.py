@@ -39,6 +39,10 @@ def _tp_problem(model: ModelConfig, tp: int) -> str | None:
     kv = model.num_kv_heads
     if (tp < kv and kv % tp) or (tp > kv and tp % kv):
         return f"TP={tp} and the {kv} KV heads of {model.name} do not divide one another"
+    for what, count in (("linear-attention key heads", model.linear_num_key_heads),
+                        ("linear-attention value heads", model.linear_num_value_heads)):
+        if count and count % tp:
+            return f"TP={tp} does not divide the {count} {what} of {model.name}"
     widths = {"padded vocabulary": padded_vocab(model.vocab_size)}
     if len(model.moe_layer_indices) < model.num_layers:
         widths["intermediate_size"] = model.intermediate_size

@@ -10,7 +10,10 @@ from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, check_t
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import (
     AddRMSNorm,
+    CausalConv1d,
     Embedding,
+    GatedDeltaRuleChunk,
+    GatedDeltaRuleDecode,
     Kernel,
     KvWrite,
     Quantize,
@@ -66,6 +69,18 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
     if isinstance(kernel, Sampling):
         # FlashInfer sampling.cuh: grid(batch), block(1024); one exp per logit for the softmax.
         return kernel.rows, 1024, float(kernel.vocab), 2 * 4 * 32, "FlashInfer sampling.cuh"
+    if isinstance(kernel, GatedDeltaRuleDecode):
+        # fla fused_recurrent_gated_delta_rule: a CTA per (token, value head, 32-wide V block), each walking its
+        # slice of the head's state (surrogate: one uniform CTA of 128 threads per token and value head).
+        return kernel.tokens * kernel.value_heads, 128, 0.0, 0.0, "fla fused_recurrent"
+    if isinstance(kernel, GatedDeltaRuleChunk):
+        # fla chunk_gated_delta_rule: its kernels' grids run a CTA per (chunk, value head); timed as one launch
+        # (surrogate: its Tensor-core work counted on this launch's FMA demand; the roofline times the category).
+        return kernel.chunks * kernel.value_heads, 128, float(kernel.tokens), 0.0, "fla chunk_gated_delta_rule"
+    if isinstance(kernel, CausalConv1d):
+        # causal_conv1d_fn / causal_conv1d_update: CTAs over (request, channel blocks of 128 [decode] / 64 x
+        # token blocks [prompt]) (surrogate: 256-thread CTAs over tokens x channels).
+        return -(-kernel.tokens * kernel.channels // 256), 256, float(kernel.channels), 0.0, "causal_conv1d"
     raise TypeError(f"no row-parallel decomposition for {type(kernel).__name__}")
 
 

@@ -18,12 +18,16 @@ from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.engines import EngineKernels, GpuTraits, GraphPlan, get_engine_kernels, gpu_traits
 from servesim.kernels.types import (
+    GDN_CHUNK_TOKENS,
     AddRMSNorm,
     AttentionDecode,
     AttentionPrefill,
+    CausalConv1d,
     Collective,
     Embedding,
     FusedMoE,
+    GatedDeltaRuleChunk,
+    GatedDeltaRuleDecode,
     Gemm,
     Kernel,
     KvWrite,
@@ -341,22 +345,29 @@ def _shared_experts(ctx: _Ctx) -> list[Op]:
     if not model.n_shared_experts:
         return []
     inter = model.shared_expert_intermediate_size // ctx.tp
-    return [
+    ops: list[Op] = [
         *ctx.linear("shared_experts.gate_up_proj", n=2 * inter, k=model.hidden_size),
         SiluMul(tokens=ctx.tokens, dim=inter, dtype=ctx.act, name="shared_experts.act_fn"),
         *ctx.linear("shared_experts.down_proj", n=model.hidden_size, k=inter),
     ]
+    if model.shared_expert_gate:  # Qwen3-Next: sigmoid(hidden @ w) scales the shared expert's output, unquantised
+        ops.append(Gemm(m=ctx.tokens, n=1, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act,
+                        name="shared_expert_gate"))
+    return ops
 
 
 def _layer(ctx: _Ctx, layer: int) -> list[Op]:
     if ctx.model.is_mla:
         return _mla_layer(ctx, layer)
+    if ctx.model.is_linear_layer(layer):
+        return _linear_attention_layer(ctx, layer)
     model, t, hd = ctx.model, ctx.tokens, ctx.model.head_dim
     # Global layer 0 starts the residual stream (plain RMSNorm); later layers, and a later stage's first layer
     # (which receives the residual), use the fused add+RMSNorm.
     norm_cls = RMSNorm if layer == 0 else AddRMSNorm
     ops: list[Op] = [norm_cls(rows=t, dim=model.hidden_size, dtype=ctx.act, name="input_layernorm")]
-    ops += ctx.linear("qkv_proj", n=(ctx.heads + 2 * ctx.kv_heads) * hd, k=model.hidden_size, bias=model.attention_bias)
+    q_heads = 2 * ctx.heads if model.attn_output_gate else ctx.heads  # the gate comes out of q_proj beside Q
+    ops += ctx.linear("qkv_proj", n=(q_heads + 2 * ctx.kv_heads) * hd, k=model.hidden_size, bias=model.attention_bias)
     ops += _qk_norm(ctx)
     ops += [
         # A partial rotary embedding (MiniMax-M2: 64 of 128) reads and turns only its rope_dim values of each head.
@@ -372,7 +383,50 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
             name="kv_cache_write",
         ),
         *_attention(ctx, model.attention_window(layer)),
+    ]
+    if model.attn_output_gate:
+        # attn_output * sigmoid(gate): two reads and one write of the heads' outputs, as SiLU&Mul's.
+        ops.append(SiluMul(tokens=t, dim=ctx.heads * hd, dtype=ctx.act, name="attn_output_gate"))
+    ops += [
         *ctx.linear("o_proj", n=model.hidden_size, k=ctx.heads * hd, bias=model.o_proj_bias),
+        *ctx.all_reduce("attn.all_reduce"),
+        AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
+        *_mlp(ctx, layer),
+    ]
+    return ops
+
+
+def _linear_attention_layer(ctx: _Ctx, layer: int) -> list[Op]:
+    """A Gated DeltaNet layer (vLLM ``models/qwen3_next.py`` ``Qwen3NextGatedDeltaNet``, shared by
+    ``models/qwen3_5.py``; SGLang ``srt/models/qwen3_next.py`` with ``layers/attention/fla``): in_proj_qkvz and
+    in_proj_ba (column-parallel over the heads), the causal conv1d + SiLU over Q, K and V, the gated delta rule
+    (chunked for prompt chunks, recurrent for decodes: the engines split a mixed batch so), the gated RMSNorm
+    (``RMSNormGated``: norm of each value head times SiLU(z); timed as the norm), out_proj and the all-reduce.
+    No rotary embedding and no KV write: the state is updated in place."""
+    model, t, batch = ctx.model, ctx.tokens, ctx.batch
+    kh, vh = model.linear_num_key_heads // ctx.tp, model.linear_num_value_heads // ctx.tp
+    dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
+    norm_cls = RMSNorm if layer == 0 else AddRMSNorm
+    ops: list[Op] = [norm_cls(rows=t, dim=model.hidden_size, dtype=ctx.act, name="input_layernorm")]
+    ops += ctx.linear("in_proj_qkvz", n=2 * kh * dk + 2 * vh * dv, k=model.hidden_size)
+    ops += ctx.linear("in_proj_ba", n=2 * vh, k=model.hidden_size)
+    heads = dict(key_heads=kh, value_heads=vh, key_head_dim=dk, value_head_dim=dv, dtype=ctx.act,
+                 state_dtype=model.linear_state_dtype)
+    conv = dict(channels=model.linear_conv_dim // ctx.tp, kernel_width=model.linear_conv_kernel_dim, dtype=ctx.act)
+    decodes = len(batch.decodes)
+    if decodes:
+        ops += [CausalConv1d(tokens=decodes, requests=decodes, name="conv1d.decode", **conv),
+                GatedDeltaRuleDecode(tokens=decodes, requests=decodes, name="gdn.decode", **heads)]
+    if batch.prefills:
+        chunk_lens = batch.query_lens[decodes:]
+        tokens = sum(chunk_lens)
+        chunks = sum(-(-q // GDN_CHUNK_TOKENS) for q in chunk_lens)
+        ops += [CausalConv1d(tokens=tokens, requests=len(chunk_lens), name="conv1d.prefill", **conv),
+                GatedDeltaRuleChunk(tokens=tokens, requests=len(chunk_lens), chunks=chunks, name="gdn.prefill",
+                                    **heads)]
+    ops += [
+        RMSNorm(rows=t * vh, dim=dv, dtype=ctx.act, name="norm_gated"),
+        *ctx.linear("out_proj", n=model.hidden_size, k=vh * dv),
         *ctx.all_reduce("attn.all_reduce"),
         AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
         *_mlp(ctx, layer),
@@ -720,7 +774,7 @@ def step_part(
         return tuple(_sampled_rows(ctx, plan))
     if model.is_mla:  # the attention kernels and the expansions of the cached context
         return tuple(_mla_attention(ctx, lengths_only=True))
-    return tuple(op for layer in range(model.attention_cycle_layers)
+    return tuple(op for layer in range(model.attention_cycle_layers) if not model.is_linear_layer(layer)
                  for op in _attention(ctx, model.attention_window(layer)))
 
 
@@ -733,13 +787,13 @@ def _expand_cached(
     ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe)
     layers = stage_layers(model.num_layers, pp, stage)
     # Layer bodies by (is MoE, is sliding-window), each built once (layer 0 differs, built apart).
-    body: dict[tuple[bool, bool], tuple[Op, ...]] = {}
+    body: dict[tuple[bool, bool, bool], tuple[Op, ...]] = {}
     runs: list[OpRun] = [OpRun(None, tuple(_stage_input(ctx, stage)))]
     for layer in layers:
         if layer == 0:
             layer_ops = tuple(_layer(ctx, 0))
         else:
-            key = (model.is_moe_layer(layer), model.is_sliding_layer(layer))
+            key = (model.is_moe_layer(layer), model.is_sliding_layer(layer), model.is_linear_layer(layer))
             if key not in body:
                 body[key] = tuple(_layer(ctx, layer))
             layer_ops = body[key]

@@ -598,6 +598,103 @@ class Sampling(Kernel):
         return f"{self.rows}x{self.vocab}"
 
 
+#: Tokens per chunk of the chunked gated delta rule (fla ``chunk_gated_delta_rule``: ``BT = 64``).
+GDN_CHUNK_TOKENS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class _GatedDeltaRule:
+    """Gated DeltaNet's recurrence over ``tokens`` new tokens of ``requests`` requests on one GPU: per value head a
+    ``key_head_dim x value_head_dim`` state S, decayed by g, corrected by the delta rule with strength beta, read
+    by the query (``o = q S``). Query and key heads are shared by ``value_heads / key_heads`` value heads. The gate
+    and beta (fused_gdn_gating) are read as FP32, and each request's state is read and written once in
+    ``state_dtype``."""
+
+    tokens: int
+    requests: int
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    state_dtype: str = "fp32"
+    l2_resident_fraction: float = 0.0  # of bytes_moved(), found in L2 at the start (see the module docstring)
+
+    def _io_bytes(self) -> float:
+        b = dtype_bytes(self.dtype)
+        qk = 2 * self.tokens * self.key_heads * self.key_head_dim * b
+        vo = 2 * self.tokens * self.value_heads * self.value_head_dim * b
+        return qk + vo + 2 * 4 * self.tokens * self.value_heads
+
+    def _state_bytes(self) -> float:
+        return self.value_heads * self.key_head_dim * self.value_head_dim * dtype_bytes(self.state_dtype)
+
+    def shape(self) -> str:
+        return (f"{self.tokens} tok {self.requests} req hk={self.key_heads}x{self.key_head_dim} "
+                f"hv={self.value_heads}x{self.value_head_dim}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedDeltaRuleChunk(_GatedDeltaRule, Kernel):
+    """The chunked form prompt chunks run (fla ``chunk_gated_delta_rule``, in vLLM and SGLang): chunks of
+    :data:`GDN_CHUNK_TOKENS` tokens (``chunks``, each request's counted apart), in which a masked C x C attention
+    and the WY representation (K K^T, its triangular inverse, W and U) replace the token-by-token updates, and one
+    state update per chunk carries S forward; each chunk's state is written out in 16 bits and read back by the
+    output pass. On the Tensor cores. Per value head and chunk: 6·C·dk·dv + C²·(6·dk + 4·dv) FLOPs."""
+
+    category: ClassVar[str] = "gdn_prefill"
+    chunks: int
+
+    def flops(self) -> float:
+        c, dk, dv = GDN_CHUNK_TOKENS, self.key_head_dim, self.value_head_dim
+        return float(self.chunks * self.value_heads * (6 * c * dk * dv + c * c * (6 * dk + 4 * dv)))
+
+    def bytes_moved(self) -> float:
+        b = dtype_bytes(self.dtype)
+        wu = 2 * self.tokens * self.value_heads * (self.key_head_dim + self.value_head_dim) * b  # written, read
+        chunk_states = 2 * self.chunks * self.value_heads * self.key_head_dim * self.value_head_dim * b
+        return self._io_bytes() + wu + chunk_states + 2 * self.requests * self._state_bytes()
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedDeltaRuleDecode(_GatedDeltaRule, Kernel):
+    """The recurrent form decoding requests run, one token each (vLLM ``fused_recurrent_gated_delta_rule``,
+    SGLang ``fused_sigmoid_gating_delta_rule_update``): each request's state read, updated and written back, about
+    seven FLOPs per state element (decay, k^T S, the rank-1 update, q S), on the FMA pipe."""
+
+    category: ClassVar[str] = "gdn_decode"
+
+    def flops(self) -> float:
+        return 7.0 * self.tokens * self.value_heads * self.key_head_dim * self.value_head_dim
+
+    def bytes_moved(self) -> float:
+        return self._io_bytes() + 2 * self.tokens * self._state_bytes()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalConv1d(Kernel):
+    """Gated DeltaNet's depthwise causal convolution (width ``kernel_width``) and SiLU over ``channels`` channels
+    of ``tokens`` new tokens of ``requests`` requests (vLLM/SGLang ``causal_conv1d_fn`` for prompt chunks,
+    ``causal_conv1d_update`` for decodes): each request's last ``kernel_width - 1`` inputs read from and written
+    back to its conv state."""
+
+    category: ClassVar[str] = "conv1d"
+    tokens: int
+    requests: int
+    channels: int
+    kernel_width: int
+
+    def flops(self) -> float:
+        return float(self.tokens * self.channels * (2 * self.kernel_width + 5))
+
+    def bytes_moved(self) -> float:
+        b = dtype_bytes(self.dtype)
+        state = 2 * self.requests * self.channels * (self.kernel_width - 1) * b
+        return 2 * self.tokens * self.channels * b + state + self.channels * self.kernel_width * b
+
+    def shape(self) -> str:
+        return f"{self.tokens} tok {self.requests} req x{self.channels} w={self.kernel_width}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Collective:
     """A collective among ``group_size`` GPUs.
@@ -639,5 +736,8 @@ KERNEL_TYPES: dict[str, type[Kernel]] = {
         RouterTopK,
         FusedMoE,
         Sampling,
+        GatedDeltaRuleChunk,
+        GatedDeltaRuleDecode,
+        CausalConv1d,
     )
 }

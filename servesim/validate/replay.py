@@ -28,6 +28,7 @@ CHECKPOINT_PRESETS: Mapping[str, str] = {
     "nvidia/Llama-3.1-70B-Instruct-FP8": "llama3.1-70b",
     "Qwen/Qwen3-32B-FP8": "qwen3-32b",
     "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "Qwen/Qwen3.5-397B-A17B-FP8": "qwen3.5-397b-a17b",
 }
 
 

@@ -142,3 +142,14 @@ def test_a_config_of_only_linear_layers_is_refused():
     bad = dict(text, layer_types=["linear_attention"] * text["num_hidden_layers"])
     with pytest.raises(ServesimError, match="every layer is linear_attention"):
         config_from_hf_dict(bad, "bad", "bad")
+
+
+def test_qwen3_next_config_without_layer_types_takes_the_full_attention_interval():
+    if not AIC_CONFIG.exists():
+        pytest.skip("aiconfigurator-core's model_configs are not installed")
+    text = json.loads(AIC_CONFIG.read_text())["text_config"]
+    cfg = {k: v for k, v in text.items() if k != "layer_types"}
+    cfg.update(model_type="qwen3_next", intermediate_size=5120)
+    m = config_from_hf_dict(cfg, "next", "next")
+    assert m.linear_layer_indices == QWEN35.linear_layer_indices
+    assert m.moe_layer_indices == tuple(range(m.num_layers)) and m.moe_intermediate_size == 1024

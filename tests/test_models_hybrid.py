@@ -153,3 +153,19 @@ def test_qwen3_next_config_without_layer_types_takes_the_full_attention_interval
     m = config_from_hf_dict(cfg, "next", "next")
     assert m.linear_layer_indices == QWEN35.linear_layer_indices
     assert m.moe_layer_indices == tuple(range(m.num_layers)) and m.moe_intermediate_size == 1024
+
+
+@pytest.mark.parametrize("estimator_name", ["mlp", "roofline"])
+@pytest.mark.parametrize("gpu_name", ["H100-SXM", "B200", "L40S"])
+def test_no_estimator_times_a_linear_attention_kernel_below_its_peak_bound(estimator_name, gpu_name):
+    from servesim.estimator import get_estimator
+    from servesim.estimator.bounds import lower_bound_us
+
+    gpu = get_gpu(gpu_name)
+    heads = dict(key_heads=2, value_heads=8, key_head_dim=128, value_head_dim=128)
+    kernels = [kernel for n in (1, 7, 64, 4096) for kernel in (
+        GatedDeltaRuleChunk(tokens=n * 64, requests=n, chunks=n, **heads),
+        GatedDeltaRuleDecode(tokens=n, requests=n, **heads),
+        CausalConv1d(tokens=n * 64, requests=n, channels=1536, kernel_width=4))]
+    times = get_estimator(estimator_name).predict_us(kernels, gpu)
+    assert (times >= lower_bound_us(kernels, gpu)).all() and (times > 0).all()

@@ -736,8 +736,10 @@ KERNEL_TYPES: dict[str, type[Kernel]] = {
         RouterTopK,
         FusedMoE,
         Sampling,
-        GatedDeltaRuleChunk,
-        GatedDeltaRuleDecode,
-        CausalConv1d,
     )
+}
+#: The linear-attention kernels (Qwen3-Next, Qwen3.5), by category; their bounds are tested in
+#: tests/test_models_hybrid.py.
+LINEAR_ATTENTION_KERNEL_TYPES: dict[str, type[Kernel]] = {
+    cls.category: cls for cls in (GatedDeltaRuleChunk, GatedDeltaRuleDecode, CausalConv1d)
 }

@@ -23,7 +23,6 @@ checks it).
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -244,9 +243,9 @@ def _commit(batch: RelaunchBatch, scheduler) -> None:
     done = len(batch.times_s)
     step = batch.step
     requests = step.requests
-    times_s = array("d", batch.times_s)
+    times_s = np.array(batch.times_s)
     for req in requests:
-        req.token_times_s.extend(times_s)  # it holds req.generated times: these follow
+        req.token_times_s[req.generated:req.generated + done] = times_s
         req.computed += done
         req.generated += done
     scheduler.commit_decodes(requests, done)

@@ -22,8 +22,7 @@ import numpy as np
 
 from servesim.serving.config import EngineSettings
 from servesim.serving.scheduler import Scheduler
-from servesim.kernels.batch import PrefillChunk
-from servesim.serving.state import RequestState, Step
+from servesim.serving.state import RequestState, Step, make_step
 
 
 class VllmScheduler(Scheduler):
@@ -99,10 +98,6 @@ class VllmScheduler(Scheduler):
         budget = self.token_budget
         reqs: list[RequestState] = []
         news: list[int] = []
-        # The step's summary, gathered as make_step gathers it (a scheduled running request is never preempted
-        # later in the same step, so what is read here is what make_step would read after the loop).
-        num_decodes = contexts = longest = 0
-        prefills: list[PrefillChunk] = []
         preempted = False
         i = 0
         running = self.running
@@ -114,8 +109,7 @@ class VllmScheduler(Scheduler):
             if req.in_flight:
                 continue
             computed = req.computed
-            generated = req.generated
-            left = new = req.prompt + generated - computed
+            new = req.prompt + req.generated - computed
             if new > budget:  # a conditional, not min(): this runs for every running request of every step
                 new = budget
             # the blocks to add, inlined for the same reason
@@ -131,13 +125,6 @@ class VllmScheduler(Scheduler):
                 schedule_request(req)
                 schedule_tokens(new)
                 budget -= new
-                if left == 1 and generated:  # a decode (make_step's test: new == 1, computed == seq_len - 1)
-                    num_decodes += 1
-                    contexts += computed
-                    if computed > longest:
-                        longest = computed
-                else:
-                    prefills.append(PrefillChunk(new, computed))
                 continue
             break  # this request could not get its blocks: V1 stops scheduling running requests
         if not preempted:
@@ -156,14 +143,6 @@ class VllmScheduler(Scheduler):
                 reqs.append(req)
                 news.append(new)
                 budget -= new
-                computed = req.computed
-                if new == 1 and req.generated and computed == req.prompt + req.generated - 1:
-                    num_decodes += 1
-                    contexts += computed
-                    if computed > longest:
-                        longest = computed
-                else:
-                    prefills.append(PrefillChunk(new, computed))
         if not reqs:
             return None
-        return Step(tuple(reqs), tuple(news), num_decodes, contexts, longest, tuple(prefills))
+        return make_step(reqs, news)

@@ -39,10 +39,10 @@ class RequestState:
         self.kv_held = 0  # KV units held: vLLM blocks, SGLang token slots
         self.first_scheduled_s = -1.0
         self.first_token_s = -1.0
-        # Token k of this request is sampled at token_times_s[k]: a float64 array (array("d"), appended to as
-        # tokens are sampled: k is always its length), made at its first token, so that a request still waiting
-        # holds none; the run's RequestLog takes what it needs of it when the request finishes.
-        self.token_times_s: array | None = None
+        # Token k of this request is sampled at token_times_s[k]: a float64 buffer of its output length (known in
+        # advance), made at its first token, so that a request still waiting holds none; the run's RequestLog takes
+        # what it needs of it when the request finishes.
+        self.token_times_s: np.ndarray | None = None
         self.preemptions = 0
         self.in_flight = False  # part of a micro-batch still in the pipeline
         # Prompt identity (servesim/workloads/prefix.py), None without it; the prefix-cache nodes the request
@@ -102,18 +102,16 @@ def make_step(requests: list[RequestState], new_tokens: list[int]) -> Step:
 def finish_step(step: Step, end_s: float) -> list[RequestState]:
     """Apply a completed step: advance computed tokens, emit sampled tokens; return the requests now finished."""
     finished = []
-    for req, new in zip(step.requests, step.new_tokens):  # locals, not attributes: this runs for every request
-        req.in_flight = False  # of every step
-        computed = req.computed = req.computed + new
-        generated = req.generated
-        if computed == req.prompt + generated:
-            if generated:
-                req.token_times_s.append(end_s)
-            else:
+    for req, new in zip(step.requests, step.new_tokens):
+        req.in_flight = False
+        req.computed += new
+        if req.computed == req.prompt + req.generated:
+            if not req.generated:
                 req.first_token_s = end_s
-                req.token_times_s = array("d", (end_s,))
-            generated = req.generated = generated + 1
-            if generated == req.output:
+                req.token_times_s = np.empty(req.output)
+            req.token_times_s[req.generated] = end_s
+            req.generated += 1
+            if req.generated == req.output:
                 finished.append(req)
     return finished
 
@@ -225,7 +223,7 @@ class RequestLog:
 
     def finish(self, req: RequestState) -> None:
         """Record a request that has sampled its last token."""
-        rid, times = req.rid, np.frombuffer(req.token_times_s, dtype=np.float64)
+        rid, times = req.rid, req.token_times_s
         self.issue_s[rid] = req.issue_s
         self.first_scheduled_s[rid] = req.first_scheduled_s
         self.first_token_s[rid] = req.first_token_s

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import os
 
 import pytest
 
@@ -289,9 +290,14 @@ def test_an_unreadable_store_costs_time_only(store, monkeypatch):
     assert step_store.store_dir() is None
 
 
-def test_a_new_code_version_removes_the_step_times_of_others(store):
-    old = store / "step-times-0123456789abcdef"
-    old.mkdir(parents=True)
-    (old / "stale.npz").write_bytes(b"")
+def test_a_new_code_version_keeps_the_newest_others_and_removes_the_rest(store):
+    # Folders of other fingerprints, written one after another: the newest KEEP_OTHERS survive a new version.
+    others = [store / f"step-times-{i:016x}" for i in range(step_store.KEEP_OTHERS + 2)]
+    for age, folder in enumerate(others):
+        folder.mkdir(parents=True)
+        (folder / "stale.npz").write_bytes(b"")
+        os.utime(folder, (1_000_000 + age, 1_000_000 + age))
     step_store.save_memos(step_model(task()))
-    assert [p.name for p in store.iterdir()] == [f"step-times-{step_store.code_fingerprint()}"]
+    kept = {p.name for p in store.iterdir()}
+    assert kept == {f"step-times-{step_store.code_fingerprint()}",
+                    *(folder.name for folder in others[-step_store.KEEP_OTHERS:])}

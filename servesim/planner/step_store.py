@@ -13,7 +13,8 @@ and float arrays per deployment (no pickles); batches and kernels are not. The f
 ``$SERVESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesim``, else ``~/.cache/servesim``, in a folder named after
 a fingerprint of servesim's files (each one's path, size and modification time) and of the Python, numpy and
 numba versions, so that any change to the code, the estimator's weights or the catalogues starts afresh; the
-first plan to write a new folder removes the folders of other fingerprints. ``SERVESIM_CACHE_DIR=`` (empty)
+first plan to write a new folder keeps the :data:`KEEP_OTHERS` most recently written folders of other fingerprints
+(two checkouts, or two versions in turn, then keep each other's) and removes the rest. ``SERVESIM_CACHE_DIR=`` (empty)
 keeps nothing. A file that cannot be read is ignored and one that cannot be written is skipped: either only
 costs time.
 """
@@ -40,6 +41,8 @@ from servesim.serving.step_time import StepTimeModel
 FORMAT = 1
 #: The step-time model's memos kept, each a dict keyed by a tuple of integers (or one integer).
 MEMOS = ("decode_spans", "mixed_attention", "rest_times", "mixed_bodies")
+#: Folders of other code fingerprints kept when a new one is made, the most recently written first.
+KEEP_OTHERS = 3
 #: GPU specification fields that do not enter step times (a price change keeps the stored times).
 _NOT_TIMING = frozenset({"price_usd_per_gpu_hour", "price_date", "sources"})
 
@@ -130,9 +133,18 @@ def _write_replacing(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _remove_other_versions(folder: Path) -> None:
-    for other in folder.parent.glob("step-times-*"):
-        if other != folder:
-            shutil.rmtree(other, ignore_errors=True)
+    """Remove the folders of other fingerprints but the :data:`KEEP_OTHERS` most recently written."""
+    others = [other for other in folder.parent.glob("step-times-*") if other != folder]
+    others.sort(key=_modified_s, reverse=True)
+    for other in others[KEEP_OTHERS:]:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+def _modified_s(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def read_memos(path: Path) -> dict[str, dict]:

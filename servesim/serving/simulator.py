@@ -211,8 +211,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
 
     Arrivals and step completions wait in two heaps; at equal times arrivals come first, and events of one kind
     in the order they were made. A completion whose step a fast-forward replaced is skipped. With API-server costs
-    or latency (``HostOverhead.front_end_us``, ``request_latency_us``) a request arrives twice: sent by its client, then handed to its replica's
-    engine once the API server is done with it. The workload's own sends, in time order, join the arrival heap
+    or latency (``HostOverhead.front_end_us``, ``request_latency_us``) a request arrives twice: sent by its client,
+    then handed to its replica's engine once the API server is done with it and the latency has passed. The workload's own sends, in time order, join the arrival heap
     one at a time (the next one whenever one leaves it), so that the heap holds what is due soon rather than every
     request of the run; only requests in the system have a :class:`RequestState`.
     """

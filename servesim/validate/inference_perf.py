@@ -37,7 +37,9 @@ import numpy as np
 from servesim.errors import ServesimError
 from servesim.validate.results import Deployment, MeasuredRun, ServerFlags, _Doc, _int_or_none, _read_json
 from servesim.workloads.arrivals import ArrivalProcess, Poisson
-from servesim.workloads.prefix import UNIQUE, PromptSegments
+from servesim.workloads.generators import SharedPrefix
+from servesim.workloads.lengths import Fixed
+from servesim.workloads.prefix import PromptSegments
 
 CONFIG_FILE = "config.yaml"
 HARNESS_FILE = "exp-config.yaml"
@@ -116,10 +118,10 @@ class SharedPrefixData:
         distinct = self.groups * self.prompts_per_group
         total = max(2, round(mean_prompt_tokens))
         system = min(total - 1, max(1, round(self.system_tokens * total / (self.system_tokens + self.question_tokens))))
+        generator = SharedPrefix(self.groups, self.prompts_per_group, Fixed(system), Fixed(total - system),
+                                 Fixed(self.output_tokens))
         prompt = rng.permutation(distinct)[np.arange(n) % distinct]
-        ids = np.column_stack([prompt // self.prompts_per_group, self.groups + prompt]).ravel()
-        tokens = np.tile([system, total - system], n)
-        return PromptSegments(np.arange(0, 2 * n + 1, 2), ids, tokens, np.full(n, UNIQUE))
+        return generator.segments(prompt, np.full(self.groups, system), np.full(distinct, total - system))
 
 
 def _arrivals(doc: _Doc, kind: str, rate: float, duration: float) -> ArrivalProcess:

@@ -79,11 +79,16 @@ class SharedPrefix:
         question = self.question.sample(rng, distinct)
         prompt = _passes(rng, distinct, n)
         output = self.output.sample(rng, n)
+        prefixes = self.segments(prompt, system, question)
+        return np.column_stack([prefixes.prompt_tokens(), output]), prefixes
+
+    def segments(self, prompt: np.ndarray, system: np.ndarray, question: np.ndarray) -> PromptSegments:
+        """The prompt identity of requests sending the distinct prompts ``prompt`` (indices), given each group's
+        system-prompt length ``system`` and each prompt's question length ``question``."""
         group = prompt // self.prompts_per_group
         ids = np.column_stack([group, self.groups + prompt]).ravel()
         tokens = np.column_stack([system[group], question[prompt]]).ravel()
-        prefixes = PromptSegments(np.arange(0, 2 * n + 1, 2), ids, tokens, np.full(n, UNIQUE))
-        return np.column_stack([system[group] + question[prompt], output]), prefixes
+        return PromptSegments(np.arange(0, 2 * len(prompt) + 1, 2), ids, tokens, np.full(len(prompt), UNIQUE))
 
 
 @dataclass(frozen=True)

@@ -61,13 +61,14 @@ def _progress(total: int, label: str) -> tuple[Callable[..., None], Callable[[],
 
 def _error_summary(rows: Sequence[dict]) -> str:
     """One line: MAPE and bias of each compared metric over ``rows``."""
-    parts = []
-    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
-        errors = [row[f"{key}_error"] for row in rows if f"{key}_error" in row]
-        if errors:
-            mape, bias = 100 * sum(map(abs, errors)) / len(errors), 100 * sum(errors) / len(errors)
-            parts.append(f"{label} MAPE {mape:.1f} % (bias {bias:+.1f} %)")
-    return "over these runs: " + ", ".join(parts)
+    import pandas as pd
+
+    from servesim.validate.report import errors_summary
+
+    summary = errors_summary(pd.DataFrame(rows))
+    return "over these runs: " + ", ".join(
+        f"{label} MAPE {summary[f'{key}_mape_pct']:.1f} % (bias {summary[f'{key}_bias_pct']:+.1f} %)"
+        for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")) if f"{key}_mape_pct" in summary)
 
 
 def _skipped_summary(skipped: Sequence) -> list[dict[str, object]]:

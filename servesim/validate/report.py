@@ -25,10 +25,12 @@ CONCURRENCY_EDGES = (0, 8, 32, 128, np.inf)
 GROUP_KEYS = ("gpu", "engine", "model_id", "tp")
 
 
-def _errors_summary(group: pd.DataFrame) -> dict[str, float]:
+def errors_summary(group: pd.DataFrame) -> dict[str, float]:
+    """Rows, and the MAPE and bias (``<metric>_mape_pct``, ``<metric>_bias_pct``) of each error column the rows
+    have: TTFT, TPOT and E2E, servesim's and aiconfigurator's."""
     out = {"rows": len(group)}
     for prefix in ("", "aic_"):
-        for metric in ("ttft", "tpot"):
+        for metric in ("ttft", "tpot", "e2e"):
             column = f"{prefix}{metric}_error"
             if column in group:
                 errors = group[column].dropna()
@@ -40,7 +42,7 @@ def _errors_summary(group: pd.DataFrame) -> dict[str, float]:
 def grouped_errors(frame: pd.DataFrame, keys: Sequence[str]) -> list[dict[str, object]]:
     """MAPE and mean signed error (bias) of TTFT and TPOT per group of ``keys``, in percent."""
     keys = list(keys)
-    return [dict(zip(keys, key if isinstance(key, tuple) else (key,))) | _errors_summary(group)
+    return [dict(zip(keys, key if isinstance(key, tuple) else (key,))) | errors_summary(group)
             for key, group in frame.groupby(keys, sort=True, dropna=False, observed=True)]
 
 

@@ -145,23 +145,25 @@ def _stage_run(folder: Path, index: int, stage: Any, config: _Doc, data: SharedP
     failed = int(doc.get("failures", "count", default=0) or 0)
     sent = int(rate * duration)
     output = data.output_tokens
-    reason = None
-    if count == 0:
-        reason = "no request succeeded"
-        ttft_ms = e2e_ms = float("nan")
-        mean_prompt = data.system_tokens + data.question_tokens
-    else:
+    if count:
         latency = doc.get("latency", node=successes)
         ttft_ms = doc.number("time_to_first_token", "mean", node=latency) * 1e3
         e2e_ms = doc.number("request_latency", "mean", node=latency) * 1e3
         mean_prompt = doc.number("prompt_len", "mean", node=successes)
-    if reason is None and failed:
+    else:
+        ttft_ms = e2e_ms = float("nan")
+        mean_prompt = data.system_tokens + data.question_tokens
+    if not count:
+        reason = "no request succeeded"
+    elif failed:
         reason = (f"{failed} of {failed + count} requests failed (the server could not keep up); the means cover "
                   f"only the successes")
-    elif reason is None and not config.get("server", "ignore_eos", default=False):
+    elif not config.get("server", "ignore_eos", default=False):
         reason = "sent without ignore_eos, so the generated lengths are not recorded"
-    elif reason is None and output < 2:
+    elif output < 2:
         reason = "output_len below 2 has no time per output token"
+    else:
+        reason = None
     rng = np.random.default_rng(seed_rng.integers(2**63))
     return MeasuredRun(
         run_id=run_id, file_format="inference-perf", model_id=deployment.model,

@@ -61,3 +61,12 @@ def test_parallel_sizes_are_checked_as_the_command_line_is_parsed(option):
 def test_json_and_csv_together_are_refused_not_resolved_by_order():
     result = CliRunner().invoke(kernels_command, [*ARGS, "--json", "--csv"])
     assert result.exit_code == 2 and "--json and --csv are alternatives" in result.output
+
+
+def test_a_release_is_accepted_as_the_other_commands_take_it():
+    result = CliRunner().invoke(kernels_command, [*ARGS, "--engine", "vllm==0.12.0", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["release"] == "vllm==0.12.0" and payload["engine"] == "vllm"
+    unknown = CliRunner().invoke(kernels_command, [*ARGS, "--engine", "vllm==0.9"])
+    assert isinstance(unknown.exception, ServesimError) and "vllm==0.15.1" in str(unknown.exception)

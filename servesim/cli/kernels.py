@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
-from servesim.cli.params import DIMENSION
+from servesim.cli.params import DIMENSION, engine_option
 from servesim.kernels.batch import BATCH_SYNTAX_HELP
 
 COLUMNS = (
@@ -60,7 +60,7 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 
 @click.command("kernels")
 @click.option("--model", "model_ref", required=True, help="Preset name, config.json path or Hugging Face hub id.")
-@click.option("--engine", default="vllm", show_default=True, help="Serving engine: vllm (V1, 0.11) or sglang (0.5).")
+@engine_option
 @click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'.")
 @click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline-parallel size.")
@@ -85,16 +85,18 @@ def kernels_command(
     from servesim.models import get_model
     from servesim.models.config import check_context
     from servesim.models.parallel import Parallelism, check_layout
+    from servesim.serving.engines import parse_engine
 
     model = get_model(model_ref)
     gpu = get_gpu(gpu_name)
     check_layout(model, gpu, Parallelism(tp, pp))
     batch = parse_batch(batch_text)
     check_context(model, batch.kv_lens, fix="shorten the batch's requests")
-    step = expand(engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype)
+    _, release = parse_engine(engine)
+    step = expand(release.engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype)
     n_kernels, n_collectives = len(step.kernels), len(step.collectives)
     title = (
-        f"{model.name} on {gpu.name}, {step.engine} {step.engine_version}, tp={tp} pp={pp} stage {stage} "
+        f"{model.name} on {gpu.name}, {release.label} (kernels of {step.engine} {step.engine_version}), tp={tp} pp={pp} stage {stage} "
         f"(layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
     )
     graph = step.graph_mode if not step.in_cuda_graph else f"{step.graph_mode} (padded to {step.padded_tokens} tokens)"
@@ -104,7 +106,7 @@ def kernels_command(
         f"{step.collective_bytes / 1e9:,.3f} GB in collectives; {n_kernels} kernels, {n_collectives} collectives",
     )
     payload = {
-        "model": model.name, "gpu": gpu.name, "engine": step.engine, "engine_version": step.engine_version,
+        "model": model.name, "gpu": gpu.name, "engine": step.engine, "release": release.label, "engine_version": step.engine_version,
         "tp": tp, "pp": pp, "stage": stage, "dtype": dtype, "batch": batch.describe(),
         "num_tokens": batch.num_tokens, "first_layer": step.first_layer, "end_layer": step.end_layer,
         "attention_backend": step.attention_backend, "cuda_graph": step.graph_mode,

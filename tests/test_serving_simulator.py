@@ -331,3 +331,25 @@ def test_simulate_shows_progress_only_on_a_terminal_for_long_runs(monkeypatch):
     monkeypatch.setattr(serving.sys, "stderr", io.StringIO())
     with serving._progress(serving.PROGRESS_MIN_REQUESTS) as progress:
         assert progress is None
+
+
+def test_sglang_recv_interval_holds_arrivals_for_decode_batches():
+    """SGLang's --scheduler-recv-interval N: a request reaching a busy engine waits for the next poll, every N decode
+    batches (managers/scheduler_recv_skipper.py), so TTFT grows by up to N decode steps and TPOT barely moves;
+    with N = 1 (the default) nothing changes, and the stepped and fast-forwarded runs agree."""
+    model, gpu, par = get_model("llama3.1-8b"), get_gpu("H100"), Parallelism(1, 1)
+    workload = build_workload("uniform:800-1000:100-120", 64, concurrency=4, seed=1)
+    results = {}
+    for n in (1, 10):
+        dep = build_deployment(model, gpu, par, "sglang", scheduler_recv_interval=n)
+        step_model = StepTimeModel(dep)
+        results[n] = simulate(dep, workload, step_model=step_model)
+        stepped = simulate(dep, workload, step_model=step_model, fast_forward_decodes=False)
+        assert stepped.ttft_s.mean() == pytest.approx(results[n].ttft_s.mean(), rel=1e-9)
+        assert f"--scheduler-recv-interval {n}" in dep.launch_command() or n == 1
+    decode_s = np.nanmean(results[1].tpot_s)
+    extra_s = results[10].ttft_s.mean() - results[1].ttft_s.mean()
+    assert 1 * decode_s < extra_s < 10 * decode_s
+    assert np.nanmean(results[10].tpot_s) == pytest.approx(decode_s, rel=0.05)
+    with pytest.raises(ServesimError):
+        build_deployment(model, gpu, par, "vllm", scheduler_recv_interval=10)

@@ -53,6 +53,9 @@ def _engine_options(func):
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
                      help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token)."),
         mxfp4_moe_backend_option,
+        click.option("--scheduler-recv-interval", type=DIMENSION, default=None,
+                     help="SGLang --scheduler-recv-interval: take new requests in every N decode batches "
+                          "[default: 1]."),
         engine_behaviour_options,
     )):
         func = option(func)
@@ -60,7 +63,8 @@ def _engine_options(func):
 
 
 def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-           gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend):
+           gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend,
+           scheduler_recv_interval):
     """The deployment the options describe and its step-time model."""
     from servesim.hardware import get_gpu
     from servesim.models import get_model
@@ -75,7 +79,7 @@ def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, 
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-        mxfp4_moe_backend=mxfp4_moe_backend)
+        mxfp4_moe_backend=mxfp4_moe_backend, scheduler_recv_interval=scheduler_recv_interval)
     return deployment, StepTimeModel(deployment)
 
 
@@ -163,8 +167,8 @@ def _overload(result, workload) -> dict:
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                     gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, prefix_caching, async_scheduling,
-                     source, num_requests,
+                     gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
+                     prefix_caching, async_scheduling, source, num_requests,
                      columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
                      output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
@@ -180,7 +184,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     mapping = parse_columns(columns) if columns else None
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
-                                    async_scheduling, mxfp4_moe_backend)
+                                    async_scheduling, mxfp4_moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
@@ -233,8 +237,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
 @click.option("--output-len", type=DIMENSION, default=128, show_default=True)
 @output_format_options
 def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                    gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, prefix_caching, async_scheduling,
-                    batch_size, input_len,
+                    gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
+                    prefix_caching, async_scheduling, batch_size, input_len,
                     output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
 
@@ -248,7 +252,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
 
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
-                                    async_scheduling, mxfp4_moe_backend)
+                                    async_scheduling, mxfp4_moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")

@@ -29,8 +29,17 @@ class EngineSettings:
     #: The MoE kernel of MXFP4 experts: auto (the engine's default for the GPU), marlin (vLLM's
     #: VLLM_MXFP4_USE_MARLIN=1) or triton; checked by the engine for the GPU (EngineKernels.mxfp4_moe_backend).
     mxfp4_moe_backend: str = "auto"
+    #: SGLang --scheduler-recv-interval (server_args.py, default 1): the scheduler polls for new requests only once
+    #: its counter reaches this, the counter growing by 1 per decode batch and by 1000 per prefill batch
+    #: (managers/scheduler_recv_skipper.py, SchedulerRecvSkipper; weights in environ.py). 1: every iteration.
+    scheduler_recv_interval: int = 1
 
     def __post_init__(self) -> None:
+        if self.scheduler_recv_interval < 1:
+            raise ServesimError(f"--scheduler-recv-interval must be 1 or more, not {self.scheduler_recv_interval}")
+        if self.engine != "sglang" and self.scheduler_recv_interval != 1:
+            raise ServesimError(f"--scheduler-recv-interval is an SGLang flag; {self.engine} has none: drop it or "
+                                f"use --engine sglang")
         # vllm/config/scheduler.py SchedulerConfig verification: a step must have room for one token per sequence.
         if self.engine == "vllm" and self.max_num_batched_tokens < self.max_num_seqs:
             raise ServesimError(

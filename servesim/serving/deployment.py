@@ -25,7 +25,7 @@ from servesim.serving.scheduler import Scheduler
 
 #: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
 SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
-                 "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend")
+                 "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend", "scheduler_recv_interval")
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,8 @@ class Engine:
             flags.append(self.no_prefix_cache_flag)
         if settings.async_scheduling != default_async:
             flags.append(self.async_flag if settings.async_scheduling else self.no_async_flag)
+        if settings.scheduler_recv_interval > 1:
+            flags.append(f"--scheduler-recv-interval {settings.scheduler_recv_interval}")
         return flags
 
 

@@ -15,6 +15,12 @@ One step, as SGLang forms it (FCFS, page size 1):
   retracted (fewest generated tokens first, ties: longest prompt) to the back of the queue until it fits, and the
   ratio jumps to ``(tokens decoded + 20 × running) / Σ max_new_tokens`` (at most 1). After each decode batch the
   ratio decays linearly towards ``0.14 ×`` its initial 0.7 over 600 steps.
+
+With ``--scheduler-recv-interval N > 1`` (``managers/scheduler_recv_skipper.py``, ``SchedulerRecvSkipper``) the
+scheduler takes new requests off its socket only when a counter reaches N: the counter grows by 1 after a decode
+batch and by 1000 after any other batch (``SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_*`` in ``environ.py``) and restarts
+at 0 when it polls. So a request that reaches the engine while others decode waits up to N decode batches before it
+can be prefilled; after a prefill batch, and on an idle engine (whose loop spins), the poll comes at once.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class SglangScheduler(Scheduler):
         self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_ratio
         self.chunked: RequestState | None = None  # the one request whose prompt is part-way through
+        self.recv_interval = cfg.scheduler_recv_interval
+        self._recv_counter = 0  # SchedulerRecvSkipper's counter
+        self._received: set[int] = set()  # ids of the waiting requests a poll has taken in
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running) + (self.chunked is not None)
@@ -73,6 +82,13 @@ class SglangScheduler(Scheduler):
         in :meth:`_decode_step`, once per launch."""
         for _ in range(launches):
             self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+        if self.recv_interval > 1:
+            # Polls fall due every recv_interval decode batches; those passed in a fast-forward took in nothing
+            # (it stops at an arrival), so only the phase is kept, and a poll falling due now stays due.
+            count = self._recv_counter + launches
+            if count > self.recv_interval:
+                count = count % self.recv_interval or self.recv_interval
+            self._recv_counter = count
 
     def commit_decodes(self, requests: Sequence[RequestState], launches: int) -> None:
         """Set the slots of in-flight decoding ``requests`` after ``launches`` launches without :meth:`schedule`
@@ -80,7 +96,19 @@ class SglangScheduler(Scheduler):
         for req in requests:
             req.kv_held += launches
 
+    def _poll(self) -> None:
+        """SchedulerRecvSkipper.handle: take in the requests that reached the engine when a poll is due."""
+        idle = not self.running and self.chunked is None
+        if not (idle or self._recv_counter >= self.recv_interval):
+            return
+        self._recv_counter = 0
+        for req in self.waiting:
+            if req.reached_s <= self.admit_before_s:
+                self._received.add(req.rid)
+
     def schedule(self) -> Step | None:
+        if self.recv_interval > 1:
+            self._poll()
         step = None
         if self.chunked is None or not self.chunked.in_flight:
             step = self._prefill_step()
@@ -114,7 +142,7 @@ class SglangScheduler(Scheduler):
             rem_total -= new
         while self.waiting and rem_chunk > 0 and len(self.running) + (self.chunked is not None) < self.max_running:
             req = self.waiting[0]
-            if req.reached_s > self.admit_before_s:
+            if req.reached_s > self.admit_before_s or (self.recv_interval > 1 and req.rid not in self._received):
                 break
             path, hit, pinned = self.lookup(req)
             extend = req.seq_len - hit
@@ -136,6 +164,7 @@ class SglangScheduler(Scheduler):
             self.running.append(req)
         if not reqs:
             return None
+        self._recv_counter = self.recv_interval  # a prefill batch weighs 1000: the next iteration polls
         return make_step(reqs, news)
 
     def _decode_step(self) -> Step | None:

@@ -70,6 +70,7 @@ class ServingCase:
     async_scheduling: bool | None = None  # the server's async scheduling (None: the release's default)
     prefix_caching: bool | None = None  # the server's prefix cache (None: the release's default)
     mxfp4_moe_backend: str = "auto"  # the MoE kernel of MXFP4 experts (auto: the engine's default for the GPU)
+    scheduler_recv_interval: int | None = None  # SGLang's --scheduler-recv-interval (None: the default, 1)
     measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
 
 
@@ -135,7 +136,8 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
                             kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
                             max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
-                            mxfp4_moe_backend=case.mxfp4_moe_backend)
+                            mxfp4_moe_backend=case.mxfp4_moe_backend,
+                            scheduler_recv_interval=case.scheduler_recv_interval)
 
 
 def simulate_case(case: ServingCase, step_model: StepTimeModel) -> SimulationResult:

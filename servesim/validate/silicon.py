@@ -81,6 +81,28 @@ AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, len
                                    max_num_seqs_is_concurrency=False)
 
 
+#: InferenceX's SGLang launch scripts pass ``--scheduler-recv-interval``: ``benchmarks/single_node/dsr1_fp8_b200.sh``
+#: (2026-03-11, 64c20b6b5; its B300 copy ``dsr1_fp8_b300.sh`` of 2026-04-17, 5b302f147) 10 below 16 clients and 30
+#: from 16 at TP 8, 10 at TP 4; ``qwen3.5_fp8_b200.sh`` (2026-03-23, 6a5dad463) and ``qwen3.5_bf16_b200.sh``
+#: (2026-02-19, 9dc87a68c) 10 below 16 clients, 30 from 16; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef) 10. The
+#: H200 DeepSeek script ``dsr1_fp8_h200.sh`` passes none (SGLang's default, 1). The B300 Qwen3.5 runs on SGLang
+#: 0.5.9 (marked wip, 2026-04-03) predate the B300 script and are given the B200 recipe's values.
+#: The (model family, GPU) pairs whose scripts pass it:
+INFERENCEX_SGLANG_RECV_INTERVAL = {("deepseek", "B200"), ("deepseek", "B300"), ("qwen3.5", "B200"), ("qwen3.5", "B300")}
+
+
+def inferencex_sglang_recv_interval(model_id: str, gpu: str, tp: int, concurrency: int, version: str) -> int | None:
+    """The ``--scheduler-recv-interval`` of an InferenceX SGLang run, from its script (None: not passed)."""
+    family = "deepseek" if "deepseek" in model_id.lower() else "qwen3.5" if "qwen3.5" in model_id.lower() else ""
+    if (family, gpu) not in INFERENCEX_SGLANG_RECV_INTERVAL:
+        return None
+    if family == "qwen3.5" and gpu == "B300" and version.startswith("0.5.10"):
+        return 10  # qwen3.5_fp8_b300.sh of 2026-04-17, the runs of 2026-04-17/18
+    if family == "deepseek" and tp == 4:
+        return 10
+    return 10 if concurrency < 16 else 30
+
+
 def protocol_for(source: str, model_id: str = "", gpu: str = "") -> BenchmarkProtocol:
     """The benchmark protocol of a silicon_sample row, from its ``source`` text, model id and GPU."""
     if "aic-auto-gap-analysis" in source:
@@ -173,6 +195,10 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         max_num_seqs=concurrency if protocol.max_num_seqs_is_concurrency else None,
         async_scheduling=protocol.async_scheduling, prefix_caching=protocol.prefix_caching,
         mxfp4_moe_backend=protocol.mxfp4_moe_backend,
+        scheduler_recv_interval=(inferencex_sglang_recv_interval(
+            str(row["model"]), str(row["gpu"]), int(row["tp"]), concurrency,
+            "" if pd.isna(row["backend_version"]) else str(row["backend_version"]))
+            if protocol.name == "InferenceX" and str(row["backend"]) == "sglang" else None),
     )
 
 

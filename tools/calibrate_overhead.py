@@ -9,6 +9,13 @@ schedules synchronously, and from replays under candidate constants for one with
 servesim/validate/calibration.py).
 
     nice -n 10 .venv/bin/python tools/calibrate_overhead.py --estimator roofline
+
+With ``--release`` it chooses the device-side step term of one release alone, on runs measured with that release
+under a known protocol: the inference-perf report folders given with ``--results`` and the training GPU's silicon
+rows replayed as that release (``--exclude-model`` leaves out models whose kernel times are known to be off):
+
+    .venv/bin/python tools/calibrate_overhead.py --release vllm==0.15.1 --results runs/*/results \
+        --gpu H100-SXM --exclude-model openai/gpt-oss-120b
 """
 
 from __future__ import annotations
@@ -30,7 +37,16 @@ def main() -> None:
     parser.add_argument("--estimator", default="roofline", help="kernel estimator (default: roofline)")
     parser.add_argument("--rows-csv", type=Path, default=None, help="write the calibration rows and predictions")
     parser.add_argument("--plot", type=Path, default=None, help="write the predicted-vs-measured scatter (PNG)")
+    parser.add_argument("--release", default=None, help="fit this release's device terms alone (vllm==0.15.1)")
+    parser.add_argument("--results", type=Path, nargs="*", default=[], help="inference-perf report folders")
+    parser.add_argument("--gpu", default=None, help="GPU the --results runs were measured on")
+    parser.add_argument("--exclude-model", action="append", default=[], help="silicon model id to leave out")
+    parser.add_argument("--device-step-grid", type=lambda text: [float(v) for v in text.split(",")],
+                        default=[0.0, 100.0, 200.0, 300.0, 470.2], help="candidate device_step_us, comma-separated")
     args = parser.parse_args()
+    if args.release is not None:
+        fit_release(args)
+        return
 
     start = time.perf_counter()
     cases, skipped = silicon_cases(load_silicon_rows())
@@ -60,6 +76,36 @@ def main() -> None:
                                               f"fitted host overhead; hollow: test rows)")
     if args.rows_csv is not None:
         result.frame.to_csv(args.rows_csv, index=False, float_format="%.5g")
+
+
+def fit_release(args: argparse.Namespace) -> None:
+    """Choose one release's ``device_step_us`` on its runs of known protocol: replay them under each candidate of
+    ``--device-step-grid`` (``device_per_seq_us`` at zero) and keep the one of least TTFT plus TPOT MAPE."""
+    from dataclasses import replace
+
+    from servesim.serving.engines import parse_engine
+    from servesim.validate.calibration import replay_errors
+    from servesim.validate.replay import StepModels, case_release
+    from servesim.validate.results import Deployment, result_cases
+
+    start = time.perf_counter()
+    _, release = parse_engine(args.release)
+    cases, _ = result_cases(args.results, Deployment(gpu=args.gpu, engine=release.label))
+    silicon, _ = silicon_cases(load_silicon_rows())
+    cases += [case for case in silicon if is_training_row({"gpu": case.gpu}) and case.engine == release.engine
+              and case_release(case) == release.label and case.model_id not in args.exclude_model]
+    base = StepModels(args.estimator, {release.engine: release.overhead})
+    losses = {}
+    for device_step_us in args.device_step_grid:
+        candidate = replace(release.overhead, device_step_us=device_step_us, device_per_seq_us=0.0)
+        frame = replay_errors(cases, StepModels(args.estimator, {release.engine: candidate}, shares_with=base))
+        losses[device_step_us] = float(frame["ttft_error"].abs().mean() + frame["tpot_error"].abs().mean())
+        print(f"device_step_us={device_step_us:g}: {len(frame)} runs, {time.perf_counter() - start:.0f} s")
+        print(pd.DataFrame(grouped_errors(frame, ["model_id"])).round(1).to_string(index=False), flush=True)
+    best = min(losses, key=losses.get)
+    print(f"{release.label}: device_step_us={best:g} device_per_seq_us=0 (TTFT + TPOT MAPE "
+          f"{100 * losses[best]:.1f} %; shipped {release.overhead.device_step_us:g}, "
+          f"{release.overhead.device_per_seq_us:g})")
 
 
 if __name__ == "__main__":

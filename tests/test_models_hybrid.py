@@ -169,3 +169,18 @@ def test_no_estimator_times_a_linear_attention_kernel_below_its_peak_bound(estim
         CausalConv1d(tokens=n * 64, requests=n, channels=1536, kernel_width=4))]
     times = get_estimator(estimator_name).predict_us(kernels, gpu)
     assert (times >= lower_bound_us(kernels, gpu)).all() and (times > 0).all()
+
+
+def test_piecewise_steps_pay_a_graph_launch_per_full_attention_layer():
+    """In a piecewise CUDA graph every attention kernel runs between captured pieces, so a step replays one piece
+    per full-attention layer: 15 for Qwen3.5's 60 layers, not none because one layer in four attends."""
+    import servesim
+    from servesim.serving.step_time import StepTimeModel
+
+    model = StepTimeModel(servesim.deployment(QWEN35, "B200", tp=8, engine="vllm", dtype="fp8-block"))
+    batch = BatchSpec(prefills=(PrefillChunk(512),))
+    assert model.graph_plan(batch.num_tokens, batch.is_decode_only).mode == "piecewise"
+    attention = step_part("attention", "vllm", QWEN35, B200, batch, tp=8, dtype="fp8-block")
+    full_layers = sum(not QWEN35.is_linear_layer(layer) for layer in range(QWEN35.num_layers))
+    launches = full_layers * len(attention) + 1
+    assert model.step_time_us(batch).overhead_us == pytest.approx(model.overhead.step_overhead_us(1, launches))

@@ -169,7 +169,7 @@ def encode(memos: dict[str, dict]) -> dict[str, np.ndarray]:
                                            for s in spans.values()]),
         "mixed_attention_keys": _int_rows(list(mixed), 6),
         "mixed_attention_us": np.array([us for us, _ in mixed.values()], dtype=np.float64),
-        "mixed_attention_kernels": np.array([n for _, n in mixed.values()], dtype=np.int64),
+        "mixed_attention_kernels": np.array([n for _, n in mixed.values()], dtype=np.float64),
         "rest_times_keys": _int_rows(list(rest), 3),
         "rest_times_us": _float_rows(list(rest.values())),
         "mixed_bodies_keys": np.array(list(bodies), dtype=np.int64),

@@ -120,11 +120,12 @@ class StepTimeModel:
         self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
         #: Each stage's time outside attention of a mixed step, less its sampled rows, µs, by tokens.
         self.mixed_bodies: dict[int, tuple[float, ...]] = {}
-        #: One layer's attention time, µs, and its number of kernels, by batch (:meth:`layer_attentions_us`).
-        self.attention_by_batch: dict[BatchSpec, tuple[float, int]] = {}
+        #: One layer's attention time, µs, and its mean number of kernels (a cycle's over its layers: a quarter a
+        #: layer for Qwen3.5's one full-attention layer in four), by batch (:meth:`layer_attentions_us`).
+        self.attention_by_batch: dict[BatchSpec, tuple[float, float]] = {}
         #: The same for the representative batches of mixed steps, by what they depend on
         #: (servesim/serving/step_cache.py).
-        self.mixed_attention: dict[tuple[int, ...], tuple[float, int]] = {}
+        self.mixed_attention: dict[tuple[int, ...], tuple[float, float]] = {}
         if shares_with is not None:
             if shares_with._layer_identity() != self._layer_identity() or shares_with.estimator is not estimator:
                 raise ServesimError(f"a step-time model of {model.name} on {gpu.name} with {par} cannot share times "
@@ -225,12 +226,12 @@ class StepTimeModel:
         comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in op_counts if isinstance(op, Collective))
         return float(kernel_us @ np.array([n for _, n in kernels])) + comm_us
 
-    def layer_attention_us(self, batch: BatchSpec) -> tuple[float, int]:
-        """One layer's attention time, µs, and its number of kernels (memoised)."""
+    def layer_attention_us(self, batch: BatchSpec) -> tuple[float, float]:
+        """One layer's attention time, µs, and its mean number of kernels (memoised)."""
         known = self.attention_by_batch.get(batch)
         return known if known is not None else self.layer_attentions_us((batch,))[0]
 
-    def layer_attentions_us(self, batches: Sequence[BatchSpec]) -> list[tuple[float, int]]:
+    def layer_attentions_us(self, batches: Sequence[BatchSpec]) -> list[tuple[float, float]]:
         """:meth:`layer_attention_us` of each batch, the kernels of those not seen before predicted in one
         estimator call: the fixed cost of a call (features, descriptors, the forward pass) is then paid once for
         the several batches a step interpolates between."""
@@ -253,7 +254,7 @@ class StepTimeModel:
                 # it pays the launch floor.
                 total_us = [float(np.maximum(span, self.overhead.eager_launch_us).sum() if eager else span.sum())
                             for span in (spans[i], spans[len(new) + i]) if len(span)]
-                known[batch] = (min(total_us) / cycle, len(launched[i]) // cycle)
+                known[batch] = (min(total_us) / cycle, len(launched[i]) / cycle)
         return [known[batch] for batch in batches]
 
     def _attention_apart(self, batch: BatchSpec) -> tuple[Op, ...]:
@@ -268,7 +269,7 @@ class StepTimeModel:
         return (*self._step_part("attention", BatchSpec(decodes=batch.decodes)),
                 *self._step_part("attention", BatchSpec(prefills=batch.prefills)))
 
-    def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: int,
+    def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: float,
                 num_requests: int, graph_mode: str) -> StepTime:
         """A step's time from its parts: each stage's time outside attention, one layer's attention time and
         kernel count, the requests (host overhead, and the device time the kernels leave out, spread over the
@@ -278,7 +279,7 @@ class StepTimeModel:
         stage_us = tuple(rest + layers * (attention_us + device_us)
                          for rest, layers in zip(rest_stage_us, self._stage_layers))
         launches = {"none": 0, "full": self.par.pp,
-                    "piecewise": attention_kernels * sum(self._stage_layers) + self.par.pp}[graph_mode]
+                    "piecewise": round(attention_kernels * sum(self._stage_layers)) + self.par.pp}[graph_mode]
         return StepTime(stage_us, self.overhead.step_overhead_us(num_requests, launches))
 
     def _step_time_us(self, batch: BatchSpec) -> StepTime:

@@ -3,6 +3,7 @@ asks for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -95,7 +96,7 @@ def test_marlin_prefill_is_slower_than_triton_on_hopper() -> None:
 
 def test_decomposition_conserves_the_multiply_adds() -> None:
     kernel, gpu = _marlin(300), get_gpu("H100")
-    gate_up, _, down = decompose(kernel, gpu)
+    gate_up, down = (launch for launch in decompose(kernel, gpu) if launch.name.startswith("marlin_moe"))
     hidden, inter = marlin_dims(kernel)
     pairs = kernel.routed_pairs()
     assert gate_up.tasks.demand["tensor"].sum() == pytest.approx(2 * pairs * 2 * inter * hidden)
@@ -112,3 +113,35 @@ def test_cli_option_reaches_the_kernels() -> None:
     assert marlin["ttft_ms"] > 1.5 * auto["ttft_ms"]
     bad = runner.invoke(main, [*args, "--engine", "sglang", "--mxfp4-moe-backend", "marlin"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def _names(kernel: MarlinMoE) -> list[str]:
+    return [launch.name for launch in decompose(kernel, get_gpu("H200"))]
+
+
+def test_call_runs_sort_gemms_activation_and_sum_in_vllm_order() -> None:
+    # fused_marlin_moe: moe_align_block_size (align + count-and-sort above 64 experts), w13, activation, w2, moe_sum.
+    assert _names(_marlin(4)) == ["moe_align_block_size", "count_and_sort_expert_tokens", "marlin_moe w13 (gate/up)",
+                                  "silu_mul (vLLM activation_kernels.cu)", "marlin_moe w2 (down)",
+                                  "moe_sum (top-k reduce)"]
+    assert _names(_marlin(4, experts=32))[0] == "moe_align_block_size (small batch)"
+
+
+def test_sort_pads_over_every_expert_the_router_picks_from() -> None:
+    # max_num_tokens_padded = numel + E * (block_size - 1), E the global expert count under expert parallelism.
+    def align_bytes(kernel: MarlinMoE) -> float:
+        launch = decompose(kernel, get_gpu("H200"))[0]
+        return float(launch.tasks.demand["l2"].sum())
+
+    local = MarlinMoE(tokens=1, num_experts=7, top_k=16, hidden=3584, intermediate=3072,
+                      expert_tokens=(1, 0, 0, 0, 0, 0, 0), dtype="bf16", weight_dtype="mxfp4")
+    expert_parallel = dataclasses.replace(local, global_experts=896)
+    assert align_bytes(expert_parallel) > 50 * align_bytes(local)
+    assert "output.zero_() (expert parallel)" in _names(expert_parallel)
+    assert "output.zero_() (expert parallel)" not in _names(local)
+
+
+def test_global_experts_cannot_be_fewer_than_local_ones() -> None:
+    with pytest.raises(ValueError, match="global_experts"):
+        MarlinMoE(tokens=1, num_experts=8, top_k=2, hidden=256, intermediate=256,
+                  expert_tokens=(1, 1, 0, 0, 0, 0, 0, 0), dtype="bf16", weight_dtype="int4", global_experts=4)

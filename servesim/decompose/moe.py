@@ -171,12 +171,95 @@ def _marlin_gemm(kernel: MarlinMoE, gpu: GpuSpec, n: int, k: int, block_m: int, 
                   (note, *_weight_notes(kernel, gpu)))
 
 
+#: ``moe_align_block_size_kernel``'s one CTA (csrc/moe/moe_align_sum_kernels.cu: ``<<<1, 1024>>>``, a thread per
+#: expert in its block scan), the count-and-sort kernel's CTAs and PyTorch's vectorised fill (128 threads x 4
+#: elements).
+_ALIGN_THREADS, _SORT_THREADS, _FILL_ELEMENTS_PER_CTA = 1024, 256, 512
+
+
+def _plain_launch(kernel: MarlinMoE, gpu: GpuSpec, name: str, ctas: int, threads: int, fma: float, moved: float,
+                  smem: float, note: str, smem_alloc: int = 0, from_dram: bool = True) -> Launch:
+    """``ctas`` uniform CTAs sharing ``fma`` operations and ``moved`` bytes (read or written once, through L2 and,
+    unless ``from_dram`` is False, DRAM), each touching ``smem`` bytes of the ``smem_alloc`` bytes of shared
+    memory it holds."""
+    ctas = max(int(ctas), 1)
+    check_task_count(kernel, ctas)
+    demand = {"fma": np.full(ctas, fma / ctas), "dram": np.full(ctas, moved / ctas if from_dram else 0.0),
+              "l2": np.full(ctas, moved / ctas), "smem": np.full(ctas, float(smem))}
+    tasks = task_set(("cta",), (np.arange(ctas),), demand, pipe_rate_vector(gpu, ""))
+    return Launch(name, LaunchConfig(threads, 32, int(smem_alloc)), tasks, ROUND_ROBIN, ctas, "",
+                  (f"grid {ctas} x {threads} threads, {note}",))
+
+
+def marlin_align_launches(kernel: MarlinMoE, gpu: GpuSpec, block_m: int) -> tuple[Launch, ...]:
+    """``moe_align_block_size`` as ``fused_marlin_moe`` calls it, before either GEMM: the ``tokens x top_k``
+    choices (int32) sorted by expert into ``block_m``-row blocks over all ``E`` experts the router picks from
+    (:meth:`MarlinMoE.router_experts`). It writes the worst-case padded list, ``max_num_tokens_padded = numel +
+    E·(block_m − 1)`` sorted ids and one expert id per ``block_m`` of them, whatever the routing
+    (vllm/model_executor/layers/fused_moe/moe_align_block_size.py; SGLang's copy the same). Below 1,024 choices
+    and up to 64 experts one CTA of ``max(E, 32)`` threads counts, scans and sorts in shared memory
+    (``moe_align_block_size_small_batch_expert_kernel``, a ``(threads + 1) x E`` count table); otherwise one CTA
+    of 1,024 threads counts into shared memory, scans over the experts and fills both lists
+    (``moe_align_block_size_kernel``), then ``count_and_sort_expert_tokens_kernel`` places every choice with a
+    global atomic, 256 threads a CTA (csrc/moe/moe_align_sum_kernels.cu). The lists and the choices (which the
+    router has just written) are a few hundred KB at most and stay in L2: no DRAM traffic is counted."""
+    experts, numel = kernel.router_experts(), kernel.tokens * kernel.top_k
+    padded = numel + experts * (block_m - 1)
+    lists = 4.0 * (padded + -(-padded // block_m))  # sorted ids + expert ids, int32
+    if numel < 1024 and experts <= 64:
+        threads = max(experts, 32)
+        table = (threads + 1) * experts
+        return (_plain_launch(kernel, gpu, "moe_align_block_size (small batch)", 1, threads,
+                              3.0 * table + 2.0 * numel, lists + 8.0 * numel, 4.0 * (3 * table + experts + 1),
+                              f"{padded} padded slots over {experts} experts", 4 * (table + experts + 1), False),)
+    return (
+        _plain_launch(kernel, gpu, "moe_align_block_size", 1, _ALIGN_THREADS, 2.0 * numel + 2.0 * experts,
+                      lists + 4.0 * numel, 4.0 * (2 * numel + 3 * experts),
+                      f"{padded} padded slots over {experts} experts", 4 * (-(-experts // 32) * 32) + 4 * 1024,
+                      False),
+        _plain_launch(kernel, gpu, "count_and_sort_expert_tokens", -(-numel // _SORT_THREADS), _SORT_THREADS,
+                      2.0 * numel, 12.0 * numel, 0.0, f"{numel} choices", 0, False),
+    )
+
+
+def marlin_sum_launch(kernel: MarlinMoE, gpu: GpuSpec, hidden: int) -> Launch:
+    """The sum over each token's ``top_k`` down-projection rows that ends ``fused_marlin_moe`` (``moe_sum``: grid
+    = tokens, ``min(hidden, 1024)`` threads, for top-2 to top-4, csrc/moe/moe_align_sum_kernels.cu; ``at::sum_out``
+    for other top-k, taken with the same grid): every choice's row read, including those of experts on other
+    expert-parallel ranks, which the zeroed output holds. The rows are the down GEMM's output, just written: read
+    from L2 when they fit in it, from DRAM otherwise."""
+    rows = kernel.tokens * kernel.top_k
+    return _plain_launch(kernel, gpu, "moe_sum (top-k reduce)", kernel.tokens, min(hidden, 1024),
+                         float(rows * hidden), 2.0 * hidden * (rows + kernel.tokens), 0.0,
+                         f"top-{kernel.top_k} rows of {hidden}",
+                         from_dram=2.0 * hidden * rows > gpu.l2_cache_bytes)
+
+
+def marlin_zero_launch(kernel: MarlinMoE, gpu: GpuSpec, hidden: int) -> Launch | None:
+    """Under expert parallelism (``router_experts() > num_experts``) ``_fused_marlin_moe`` zeroes the down GEMM's
+    ``tokens·top_k x hidden`` BF16 output first (``if expert_map is not None: output.zero_()``), as the GEMM writes
+    only the rows of this GPU's experts; PyTorch's fill kernel. None without expert parallelism."""
+    if kernel.router_experts() <= kernel.num_experts:
+        return None
+    elems = kernel.tokens * kernel.top_k * hidden
+    return _plain_launch(kernel, gpu, "output.zero_() (expert parallel)", -(-elems // _FILL_ELEMENTS_PER_CTA), 128,
+                         0.0, 2.0 * elems, 0.0, f"{elems} BF16 zeros")
+
+
 def decompose_marlin_moe(kernel: MarlinMoE, gpu: GpuSpec) -> tuple[Launch, ...]:
+    """Every launch of one ``fused_marlin_moe`` call, in order (vllm/model_executor/layers/fused_moe/
+    fused_marlin_moe.py): the expert sort (:func:`marlin_align_launches`), the gate/up GEMM, the activation, under
+    expert parallelism the output's zeroing (:func:`marlin_zero_launch`), the down GEMM and the top-k sum
+    (:func:`marlin_sum_launch`). The router that picks the experts is a kernel of its own (``RouterTopK``)."""
     block_m = marlin_block_m(kernel)
     hidden, inter = marlin_dims(kernel)
     act = SiluMul(tokens=max(kernel.routed_pairs(), 1), dim=inter)
+    zero = marlin_zero_launch(kernel, gpu, hidden)
     return (
+        *marlin_align_launches(kernel, gpu, block_m),
         _marlin_gemm(kernel, gpu, 2 * inter, hidden, block_m, "marlin_moe w13 (gate/up)"),
         *decompose_rowwise(act, gpu),
+        *((zero,) if zero is not None else ()),
         _marlin_gemm(kernel, gpu, hidden, inter, block_m, "marlin_moe w2 (down)"),
+        marlin_sum_launch(kernel, gpu, hidden),
     )

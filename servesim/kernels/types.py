@@ -567,16 +567,29 @@ class MarlinMoE(FusedMoE):
     vLLM runs MXFP4 experts this way on GPUs below compute capability 9.0 and wherever
     ``VLLM_MXFP4_USE_MARLIN=1`` (``vllm/model_executor/layers/quantization/mxfp4.py``, ``get_mxfp4_backend``).
     Its own category: its efficiency is learnt from measured Marlin rows, not the Triton path's.
+
+    ``global_experts`` (0: ``num_experts``) is how many experts the router chooses among. Under expert
+    parallelism a GPU holds ``num_experts`` of them, but ``fused_marlin_moe`` still sorts the ``tokens x top_k``
+    choices over all of them (``moe_align_block_size(topk_ids, block_size_m, global_num_experts, expert_map)``)
+    and zeroes its output before the down GEMM (``output.zero_()`` when ``expert_map`` is set).
     """
 
     category: ClassVar[str] = "moe_marlin"
+    global_experts: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in ("mxfp4", "int4"):
             raise ValueError(f"Marlin MoE runs 4-bit weights (mxfp4 or int4), not {self.weight_dtype or self.dtype!r}")
+        if self.global_experts and self.global_experts < self.num_experts:
+            raise ValueError(f"global_experts ({self.global_experts}) below this GPU's {self.num_experts} experts")
+
+    def router_experts(self) -> int:
+        """The experts the router chooses among: ``global_experts``, else this GPU's ``num_experts``."""
+        return self.global_experts or self.num_experts
 
     def shape(self) -> str:
-        return f"{super().shape()} marlin"
+        ep = f" of {self.global_experts}" if self.global_experts and self.global_experts != self.num_experts else ""
+        return f"{super().shape()}{ep} marlin"
 
 
 @dataclass(frozen=True, kw_only=True)

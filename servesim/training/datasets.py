@@ -487,9 +487,10 @@ def _prepare_marlin_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.Data
 
 
 def _marlin_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    """The Marlin path: BF16 activations times the row's 4-bit weights."""
-    return [MarlinMoE(**shape, dtype="bf16", weight_dtype=str(dtype))
-            for shape, dtype in zip(_local_experts(frame), frame["dtype"])]
+    """The Marlin path: BF16 activations times the row's 4-bit weights; the choices are sorted over all the
+    row's ``num_experts`` (``global_experts``), not only rank 0's."""
+    return [MarlinMoE(**shape, dtype="bf16", weight_dtype=str(dtype), global_experts=int(experts))
+            for shape, dtype, experts in zip(_local_experts(frame), frame["dtype"], frame["num_experts"])]
 
 
 # --- element-wise ------------------------------------------------------------------------------------------------

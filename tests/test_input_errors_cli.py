@@ -296,3 +296,17 @@ def test_hub_id_without_network_fails_fast_with_a_local_path_to_use(monkeypatch)
     refused(run("plan", "--model", "some-org/some-model", "--gpus", "H100", "--quick"),
             "hub id 'some-org/some-model'", "cannot be reached", "pass a local path to its config.json")
     assert time.monotonic() - start < 15  # no retries against an unreachable hub
+
+
+@pytest.mark.parametrize("command", [
+    ("plan", "--gpus", "H100", "--tp", "1", "--pp", "1", "-n", "50"),
+    ("simulate", "-n", "10"),
+    ("latency",),
+])
+def test_an_sglang_flag_given_to_vllm_says_which_engine_takes_it(command):
+    """--scheduler-recv-interval is SGLang's; with vLLM every command refuses it in one line that names the way out,
+    and that way out works."""
+    base = [command[0], "--model", "llama3-8b", *command[1:], "--scheduler-recv-interval", "10"]
+    refused(run(*base), "SGLang flag", "--engine sglang")
+    if command[0] == "latency":
+        assert run(*base, "--engine", "sglang").exit_code == 0

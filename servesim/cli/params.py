@@ -136,6 +136,13 @@ def engine_behaviour_options(func):
                              "in every modelled release].")(func)
 
 
+def scheduler_recv_interval_option(func):
+    """Add ``--scheduler-recv-interval`` (SGLang) as ``scheduler_recv_interval`` (None when not given)."""
+    return click.option("--scheduler-recv-interval", type=DIMENSION, default=None,
+                        help="SGLang --scheduler-recv-interval: take new requests in every N decode batches "
+                             "[default: 1].")(func)
+
+
 def mxfp4_moe_backend_option(func):
     """Add ``--mxfp4-moe-backend`` (``auto``, ``marlin`` or ``triton``) as ``mxfp4_moe_backend``."""
     from servesim.kernels.engines import MXFP4_MOE_BACKENDS

@@ -19,6 +19,7 @@ from servesim.cli.params import (
     OutputFile,
     engine_behaviour_options,
     mxfp4_moe_backend_option,
+    scheduler_recv_interval_option,
     engine_option,
 )
 from servesim.errors import ServesimError
@@ -53,9 +54,7 @@ def _engine_options(func):
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
                      help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token)."),
         mxfp4_moe_backend_option,
-        click.option("--scheduler-recv-interval", type=DIMENSION, default=None,
-                     help="SGLang --scheduler-recv-interval: take new requests in every N decode batches "
-                          "[default: 1]."),
+        scheduler_recv_interval_option,
         engine_behaviour_options,
     )):
         func = option(func)

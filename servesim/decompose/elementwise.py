@@ -84,23 +84,26 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
     raise TypeError(f"no row-parallel decomposition for {type(kernel).__name__}")
 
 
-def _launch(kernel: Kernel, gpu: GpuSpec, ctas: int, threads: int, flops: float, xu_per_cta: float,
-            bytes_moved: float, smem_per_cta: float, source: str) -> Launch:
-    """One row-parallel launch of ``ctas`` uniform CTAs sharing ``flops`` and ``bytes_moved`` evenly."""
-    ctas = max(ctas, 1)
+def uniform_launch(kernel: Kernel, gpu: GpuSpec, ctas: int, threads: int, flops: float, xu_per_cta: float,
+                   bytes_moved: float, smem_per_cta: float, name: str, *, smem_alloc: float | None = None,
+                   from_dram: bool = True, note: str = "") -> Launch:
+    """One launch of ``ctas`` uniform CTAs sharing ``flops`` and ``bytes_moved`` evenly (read or written once,
+    through L2 and, unless ``from_dram`` is False, DRAM), each touching ``smem_per_cta`` bytes of the
+    ``smem_alloc`` bytes of shared memory it holds (default: those it touches)."""
+    ctas = max(int(ctas), 1)
     check_task_count(kernel, ctas)
     bytes_per_cta = bytes_moved / ctas
     demand = {
         "fma": np.full(ctas, flops / ctas),
         "xu": np.full(ctas, xu_per_cta),
-        "dram": np.full(ctas, bytes_per_cta),
+        "dram": np.full(ctas, bytes_per_cta if from_dram else 0.0),
         "l2": np.full(ctas, bytes_per_cta),
-        "smem": np.full(ctas, smem_per_cta),
+        "smem": np.full(ctas, float(smem_per_cta)),
     }
     tasks = task_set(("cta",), (np.arange(ctas),), demand, pipe_rate_vector(gpu, ""))
-    config = LaunchConfig(max(threads, 1), _REGISTERS, int(smem_per_cta))
-    return Launch(f"{kernel.category} ({source})", config, tasks, ROUND_ROBIN, ctas, "",
-                  (f"grid {ctas} x {threads} threads",))
+    config = LaunchConfig(max(threads, 1), _REGISTERS, int(smem_per_cta if smem_alloc is None else smem_alloc))
+    grid = f"grid {ctas} x {threads} threads"
+    return Launch(name, config, tasks, ROUND_ROBIN, ctas, "", (f"{grid}, {note}" if note else grid,))
 
 
 def _per_tensor_quantize(kernel: Quantize, gpu: GpuSpec) -> tuple[Launch, ...]:
@@ -110,9 +113,10 @@ def _per_tensor_quantize(kernel: Quantize, gpu: GpuSpec) -> tuple[Launch, ...]:
     elems = kernel.rows * kernel.cols
     read = elems * dtype_bytes(kernel.in_dtype)
     return (
-        _launch(kernel, gpu, kernel.rows, 256, float(elems), 0.0, read, 4.0 * 256, "vLLM fp8/common.cu abs-max"),
-        _launch(kernel, gpu, kernel.rows, 256, 2.0 * elems, 0.0, kernel.bytes_moved() - read, 0.0,
-                "vLLM fp8/common.cu convert"),
+        uniform_launch(kernel, gpu, kernel.rows, 256, float(elems), 0.0, read, 4.0 * 256,
+                       f"{kernel.category} (vLLM fp8/common.cu abs-max)"),
+        uniform_launch(kernel, gpu, kernel.rows, 256, 2.0 * elems, 0.0, kernel.bytes_moved() - read, 0.0,
+                       f"{kernel.category} (vLLM fp8/common.cu convert)"),
     )
 
 
@@ -120,5 +124,5 @@ def decompose_rowwise(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
     if isinstance(kernel, Quantize) and kernel.per_tensor:
         return _per_tensor_quantize(kernel, gpu)
     ctas, threads, xu_per_cta, smem_per_cta, source = _grid(kernel, gpu)
-    return (_launch(kernel, gpu, ctas, threads, kernel.flops(), xu_per_cta, kernel.bytes_moved(), smem_per_cta,
-                    source),)
+    return (uniform_launch(kernel, gpu, ctas, threads, kernel.flops(), xu_per_cta, kernel.bytes_moved(),
+                           smem_per_cta, f"{kernel.category} ({source})"),)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from servesim.decompose.elementwise import decompose_rowwise
+from servesim.decompose.elementwise import decompose_rowwise, uniform_launch
 from servesim.decompose.launch import ROUND_ROBIN, Launch, LaunchConfig, check_task_count, pipe_rate_vector, task_set
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import FusedMoE, MarlinMoE, SiluMul, dtype_bytes
@@ -177,20 +177,6 @@ def _marlin_gemm(kernel: MarlinMoE, gpu: GpuSpec, n: int, k: int, block_m: int, 
 _ALIGN_THREADS, _SORT_THREADS, _FILL_ELEMENTS_PER_CTA = 1024, 256, 512
 
 
-def _plain_launch(kernel: MarlinMoE, gpu: GpuSpec, name: str, ctas: int, threads: int, fma: float, moved: float,
-                  smem: float, note: str, smem_alloc: int = 0, from_dram: bool = True) -> Launch:
-    """``ctas`` uniform CTAs sharing ``fma`` operations and ``moved`` bytes (read or written once, through L2 and,
-    unless ``from_dram`` is False, DRAM), each touching ``smem`` bytes of the ``smem_alloc`` bytes of shared
-    memory it holds."""
-    ctas = max(int(ctas), 1)
-    check_task_count(kernel, ctas)
-    demand = {"fma": np.full(ctas, fma / ctas), "dram": np.full(ctas, moved / ctas if from_dram else 0.0),
-              "l2": np.full(ctas, moved / ctas), "smem": np.full(ctas, float(smem))}
-    tasks = task_set(("cta",), (np.arange(ctas),), demand, pipe_rate_vector(gpu, ""))
-    return Launch(name, LaunchConfig(threads, 32, int(smem_alloc)), tasks, ROUND_ROBIN, ctas, "",
-                  (f"grid {ctas} x {threads} threads, {note}",))
-
-
 def marlin_align_launches(kernel: MarlinMoE, gpu: GpuSpec, block_m: int) -> tuple[Launch, ...]:
     """``moe_align_block_size`` as ``fused_marlin_moe`` calls it, before either GEMM: the ``tokens x top_k``
     choices (int32) sorted by expert into ``block_m``-row blocks over all ``E`` experts the router picks from
@@ -209,16 +195,17 @@ def marlin_align_launches(kernel: MarlinMoE, gpu: GpuSpec, block_m: int) -> tupl
     if numel < 1024 and experts <= 64:
         threads = max(experts, 32)
         table = (threads + 1) * experts
-        return (_plain_launch(kernel, gpu, "moe_align_block_size (small batch)", 1, threads,
-                              3.0 * table + 2.0 * numel, lists + 8.0 * numel, 4.0 * (3 * table + experts + 1),
-                              f"{padded} padded slots over {experts} experts", 4 * (table + experts + 1), False),)
+        return (uniform_launch(kernel, gpu, 1, threads, 3.0 * table + 2.0 * numel, 0.0, lists + 8.0 * numel,
+                               4.0 * (3 * table + experts + 1), "moe_align_block_size (small batch)",
+                               smem_alloc=4 * (table + experts + 1), from_dram=False,
+                               note=f"{padded} padded slots over {experts} experts"),)
     return (
-        _plain_launch(kernel, gpu, "moe_align_block_size", 1, _ALIGN_THREADS, 2.0 * numel + 2.0 * experts,
-                      lists + 4.0 * numel, 4.0 * (2 * numel + 3 * experts),
-                      f"{padded} padded slots over {experts} experts", 4 * (-(-experts // 32) * 32) + 4 * 1024,
-                      False),
-        _plain_launch(kernel, gpu, "count_and_sort_expert_tokens", -(-numel // _SORT_THREADS), _SORT_THREADS,
-                      2.0 * numel, 12.0 * numel, 0.0, f"{numel} choices", 0, False),
+        uniform_launch(kernel, gpu, 1, _ALIGN_THREADS, 2.0 * numel + 2.0 * experts, 0.0, lists + 4.0 * numel,
+                       4.0 * (2 * numel + 3 * experts), "moe_align_block_size",
+                       smem_alloc=4 * (-(-experts // 32) * 32) + 4 * 1024, from_dram=False,
+                       note=f"{padded} padded slots over {experts} experts"),
+        uniform_launch(kernel, gpu, -(-numel // _SORT_THREADS), _SORT_THREADS, 2.0 * numel, 0.0, 12.0 * numel, 0.0,
+                       "count_and_sort_expert_tokens", from_dram=False, note=f"{numel} choices"),
     )
 
 
@@ -229,10 +216,10 @@ def marlin_sum_launch(kernel: MarlinMoE, gpu: GpuSpec, hidden: int) -> Launch:
     expert-parallel ranks, which the zeroed output holds. The rows are the down GEMM's output, just written: read
     from L2 when they fit in it, from DRAM otherwise."""
     rows = kernel.tokens * kernel.top_k
-    return _plain_launch(kernel, gpu, "moe_sum (top-k reduce)", kernel.tokens, min(hidden, 1024),
-                         float(rows * hidden), 2.0 * hidden * (rows + kernel.tokens), 0.0,
-                         f"top-{kernel.top_k} rows of {hidden}",
-                         from_dram=2.0 * hidden * rows > gpu.l2_cache_bytes)
+    return uniform_launch(kernel, gpu, kernel.tokens, min(hidden, 1024), float(rows * hidden), 0.0,
+                          2.0 * hidden * (rows + kernel.tokens), 0.0, "moe_sum (top-k reduce)",
+                          from_dram=2.0 * hidden * rows > gpu.l2_cache_bytes,
+                          note=f"top-{kernel.top_k} rows of {hidden}")
 
 
 def marlin_zero_launch(kernel: MarlinMoE, gpu: GpuSpec, hidden: int) -> Launch | None:
@@ -242,8 +229,8 @@ def marlin_zero_launch(kernel: MarlinMoE, gpu: GpuSpec, hidden: int) -> Launch |
     if kernel.router_experts() <= kernel.num_experts:
         return None
     elems = kernel.tokens * kernel.top_k * hidden
-    return _plain_launch(kernel, gpu, "output.zero_() (expert parallel)", -(-elems // _FILL_ELEMENTS_PER_CTA), 128,
-                         0.0, 2.0 * elems, 0.0, f"{elems} BF16 zeros")
+    return uniform_launch(kernel, gpu, -(-elems // _FILL_ELEMENTS_PER_CTA), 128, 0.0, 0.0, 2.0 * elems, 0.0,
+                          "output.zero_() (expert parallel)", note=f"{elems} BF16 zeros")
 
 
 def decompose_marlin_moe(kernel: MarlinMoE, gpu: GpuSpec) -> tuple[Launch, ...]:

@@ -14,7 +14,7 @@ With ``--release`` it chooses the device-side step term of one release alone, on
 under a known protocol: the inference-perf report folders given with ``--results`` and the training GPU's silicon
 rows replayed as that release (``--exclude-model`` leaves out models whose kernel times are known to be off):
 
-    .venv/bin/python tools/calibrate_overhead.py --release vllm==0.15.1 --results runs/*/results \
+    .venv/bin/python tools/calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --results runs/*/results \
         --gpu H100-SXM --exclude-model openai/gpt-oss-120b
 """
 
@@ -37,12 +37,12 @@ def main() -> None:
     parser.add_argument("--estimator", default="roofline", help="kernel estimator (default: roofline)")
     parser.add_argument("--rows-csv", type=Path, default=None, help="write the calibration rows and predictions")
     parser.add_argument("--plot", type=Path, default=None, help="write the predicted-vs-measured scatter (PNG)")
-    parser.add_argument("--release", default=None, help="fit this release's device terms alone (vllm==0.15.1)")
+    parser.add_argument("--release", default=None, help="choose this release's device step term alone (vllm==0.15.1)")
     parser.add_argument("--results", type=Path, nargs="*", default=[], help="inference-perf report folders")
     parser.add_argument("--gpu", default=None, help="GPU the --results runs were measured on")
     parser.add_argument("--exclude-model", action="append", default=[], help="silicon model id to leave out")
     parser.add_argument("--device-step-grid", type=lambda text: [float(v) for v in text.split(",")],
-                        default=[0.0, 100.0, 200.0, 300.0, 470.2], help="candidate device_step_us, comma-separated")
+                        default=[0.0, 150.0, 300.0, 470.2], help="candidate device_step_us, comma-separated")
     args = parser.parse_args()
     if args.release is not None:
         fit_release(args)
@@ -84,7 +84,7 @@ def fit_release(args: argparse.Namespace) -> None:
     from dataclasses import replace
 
     from servesim.serving.engines import parse_engine
-    from servesim.validate.calibration import replay_errors
+    from servesim.validate.calibration import replay_errors, replay_loss
     from servesim.validate.replay import StepModels, case_release
     from servesim.validate.results import Deployment, result_cases
 
@@ -99,7 +99,7 @@ def fit_release(args: argparse.Namespace) -> None:
     for device_step_us in args.device_step_grid:
         candidate = replace(release.overhead, device_step_us=device_step_us, device_per_seq_us=0.0)
         frame = replay_errors(cases, StepModels(args.estimator, {release.engine: candidate}, shares_with=base))
-        losses[device_step_us] = float(frame["ttft_error"].abs().mean() + frame["tpot_error"].abs().mean())
+        losses[device_step_us] = replay_loss(frame)
         print(f"device_step_us={device_step_us:g}: {len(frame)} runs, {time.perf_counter() - start:.0f} s")
         print(pd.DataFrame(grouped_errors(frame, ["model_id"])).round(1).to_string(index=False), flush=True)
     best = min(losses, key=losses.get)

@@ -111,7 +111,7 @@ VLLM_REQUEST_LATENCY_US = 8600.0
 #: vLLM 0.15.1's device-side step term, µs (``device_step_us``; ``device_per_seq_us`` zero), chosen on its runs of
 #: known protocol on the training GPU alone: the inference-perf stages above and InferenceX's Llama-3.1-70B H100
 #: rows, replayed under 0, 150, 300 and 470.2 µs; 300 gave the least TTFT plus TPOT MAPE (``tools/
-#: calibrate_overhead.py --release vllm==0.15.1 --results ... --exclude-model openai/gpt-oss-120b``,
+#: calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --results ... --exclude-model openai/gpt-oss-120b``,
 #: docs/validation-results.md; gpt-oss is left out because its Marlin MoE times are off, docs/kernels.md).
 VLLM_0_15_1_DEVICE_STEP_US = 300.0
 

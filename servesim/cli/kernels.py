@@ -96,8 +96,8 @@ def kernels_command(
     step = expand(release.engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype)
     n_kernels, n_collectives = len(step.kernels), len(step.collectives)
     title = (
-        f"{model.name} on {gpu.name}, {release.label} (kernels of {step.engine} {step.engine_version}), tp={tp} pp={pp} stage {stage} "
-        f"(layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
+        f"{model.name} on {gpu.name}, {release.label} (kernels of {step.engine} {step.engine_version}), "
+        f"tp={tp} pp={pp} stage {stage} (layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
     )
     graph = step.graph_mode if not step.in_cuda_graph else f"{step.graph_mode} (padded to {step.padded_tokens} tokens)"
     notes = (
@@ -106,7 +106,8 @@ def kernels_command(
         f"{step.collective_bytes / 1e9:,.3f} GB in collectives; {n_kernels} kernels, {n_collectives} collectives",
     )
     payload = {
-        "model": model.name, "gpu": gpu.name, "engine": step.engine, "release": release.label, "engine_version": step.engine_version,
+        "model": model.name, "gpu": gpu.name, "engine": step.engine, "release": release.label,
+        "engine_version": step.engine_version,
         "tp": tp, "pp": pp, "stage": stage, "dtype": dtype, "batch": batch.describe(),
         "num_tokens": batch.num_tokens, "first_layer": step.first_layer, "end_layer": step.end_layer,
         "attention_backend": step.attention_backend, "cuda_graph": step.graph_mode,

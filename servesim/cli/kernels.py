@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
-from servesim.cli.params import DIMENSION, engine_option
+from servesim.cli.params import DIMENSION, engine_option, ep_option
 from servesim.kernels.batch import BATCH_SYNTAX_HELP
 
 COLUMNS = (
@@ -64,6 +64,7 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 @click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'.")
 @click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline-parallel size.")
+@ep_option
 @click.option("--stage", default=0, show_default=True, type=int, help="Pipeline stage to show (0-based).")
 @click.option("--dtype", default="bf16", show_default=True,
               help="Weights: bf16, fp16, fp8 (W8A8 per-tensor), fp8-block (W8A8, 128x128 blocks) or mxfp4.")
@@ -71,7 +72,7 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 @click.option("--all-layers", is_flag=True, help="List every layer instead of grouping identical layers.")
 @output_format_options
 def kernels_command(
-    model_ref: str, engine: str, gpu_name: str, tp: int, pp: int, stage: int, dtype: str, batch_text: str,
+    model_ref: str, engine: str, gpu_name: str, tp: int, pp: int, ep: int, stage: int, dtype: str, batch_text: str,
     all_layers: bool, output_format: str,
 ) -> None:
     """Show the kernels one engine step launches on one GPU: shapes, FLOPs, bytes moved, collectives, totals.
@@ -89,15 +90,16 @@ def kernels_command(
 
     model = get_model(model_ref)
     gpu = get_gpu(gpu_name)
-    check_layout(model, gpu, Parallelism(tp, pp))
+    check_layout(model, gpu, Parallelism(tp, pp, ep))
     batch = parse_batch(batch_text)
     check_context(model, batch.kv_lens, fix="shorten the batch's requests")
-    _, release = parse_engine(engine)
-    step = expand(release.engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype)
+    engine_class, release = parse_engine(engine)
+    engine_class.check_expert_parallel(Parallelism(tp, pp, ep))
+    step = expand(release.engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype, ep=ep)
     n_kernels, n_collectives = len(step.kernels), len(step.collectives)
     title = (
         f"{model.name} on {gpu.name}, {release.label} (kernels of {step.engine} {step.engine_version}), "
-        f"tp={tp} pp={pp} stage {stage} (layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
+        f"tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''} stage {stage} (layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
     )
     graph = step.graph_mode if not step.in_cuda_graph else f"{step.graph_mode} (padded to {step.padded_tokens} tokens)"
     notes = (
@@ -108,7 +110,7 @@ def kernels_command(
     payload = {
         "model": model.name, "gpu": gpu.name, "engine": step.engine, "release": release.label,
         "engine_version": step.engine_version,
-        "tp": tp, "pp": pp, "stage": stage, "dtype": dtype, "batch": batch.describe(),
+        "tp": tp, "pp": pp, "ep": ep, "stage": stage, "dtype": dtype, "batch": batch.describe(),
         "num_tokens": batch.num_tokens, "first_layer": step.first_layer, "end_layer": step.end_layer,
         "attention_backend": step.attention_backend, "cuda_graph": step.graph_mode,
         "padded_tokens": step.padded_tokens,

@@ -136,6 +136,28 @@ def engine_behaviour_options(func):
                              "in every modelled release].")(func)
 
 
+def ep_option(func):
+    """Add ``--ep``: the GPUs of each TP group a MoE model's experts are split over (1: none)."""
+    return click.option("--ep", default=1, show_default=True, type=DIMENSION,
+                        help="Expert parallelism: split the routed experts over this many of the TP GPUs, each "
+                             "expert's width over the rest (vLLM --enable-expert-parallel: 1 or TP; SGLang "
+                             "--ep-size: a divisor of TP). MoE models only.")(func)
+
+
+def plan_ep(ctx, param, text: str) -> int | None:
+    """Click callback of plan's ``--ep``: a positive integer, or ``search`` (None)."""
+    if text.strip().lower() == "search":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise click.BadParameter(f"{text!r} is neither a positive integer nor 'search'; use e.g. --ep 1, --ep 8 or "
+                                 f"--ep search")
+    return value
+
+
 def scheduler_recv_interval_option(func):
     """Add ``--scheduler-recv-interval`` (SGLang) as ``scheduler_recv_interval`` (None when not given)."""
     return click.option("--scheduler-recv-interval", type=DIMENSION, default=None,

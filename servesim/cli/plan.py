@@ -17,6 +17,7 @@ from servesim.cli.params import (
     OutputFolder,
     engine_behaviour_options,
     mxfp4_moe_backend_option,
+    plan_ep,
     scheduler_recv_interval_option,
     engine_option,
 )
@@ -228,6 +229,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--gpus", "gpu_list", default="H100", show_default=True, help="Comma-separated GPU names or aliases (see 'servesim gpus'), or 'all'.")
 @click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel GPUs per stage [default: every divisor of the GPUs in a node, TP×PP within a node].")
 @click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
+@click.option("--ep", default="1", show_default=True, callback=plan_ep, metavar="N|search", help="Expert parallelism of MoE models: split the experts over N of each layout's TP GPUs (layouts whose TP N divides), or 'search': each layout without and with its experts over all its TP GPUs.")
 @engine_option
 @click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 (W8A8, per-tensor scales), fp8-block (W8A8, 128x128 blocks) or mxfp4 (MXFP4 experts, gpt-oss).")
 @estimator_option
@@ -260,7 +262,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--input-len", type=DIMENSION, default=None, help="With --quick: prompt tokens per request [default: 1024].")
 @click.option("--output-len", type=DIMENSION, default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
-def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+def plan_command(model_ref, gpu_list, tp, pp, ep, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                  memory_fraction, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval, prefix_caching,
                  async_scheduling, source, num_requests, columns, arrival, seed, qps, concurrency, tolerance,
                  gpu_budget, prices_file, price_overrides, executor, address, jobs, plot_dir, quick, input_len,
@@ -303,6 +305,7 @@ def plan_command(model_ref, gpu_list, tp, pp, engine, dtype, estimator, max_num_
         slos=slos,
         tp=tp,
         pp=pp,
+        ep=ep,
         dtype=dtype,
         estimator=estimator,
         engine_overrides=(("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),

@@ -18,6 +18,7 @@ from servesim.cli.params import (
     SEED,
     OutputFile,
     engine_behaviour_options,
+    ep_option,
     mxfp4_moe_backend_option,
     scheduler_recv_interval_option,
     engine_option,
@@ -42,6 +43,7 @@ def _engine_options(func):
         click.option("--gpu", "gpu_name", default="H100", show_default=True, help="GPU from 'servesim gpus'."),
         click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size."),
         click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline stages."),
+        ep_option,
         engine_option,
         click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8, fp8-block or mxfp4."),
         estimator_option,
@@ -61,7 +63,7 @@ def _engine_options(func):
     return func
 
 
-def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+def _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
            gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend,
            scheduler_recv_interval):
     """The deployment the options describe and its step-time model."""
@@ -72,9 +74,9 @@ def _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, 
     from servesim.serving.step_time import StepTimeModel
 
     model, gpu = get_model(model_ref), get_gpu(gpu_name)
-    check_layout(model, gpu, Parallelism(tp, pp))
+    check_layout(model, gpu, Parallelism(tp, pp, ep))
     deployment = build_deployment(
-        model, gpu, Parallelism(tp, pp), engine, dtype, estimator,
+        model, gpu, Parallelism(tp, pp, ep), engine, dtype, estimator,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
@@ -165,8 +167,8 @@ def _overload(result, workload) -> dict:
 @click.option("--trace", "trace_path", type=OutputFile(), default=None,
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
-def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                     gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
+def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
+                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
                      prefix_caching, async_scheduling, source, num_requests,
                      columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
                      output_format) -> None:
@@ -181,7 +183,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
     from servesim.workloads import build_workload, parse_columns
 
     mapping = parse_columns(columns) if columns else None
-    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
+    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
                                     async_scheduling, mxfp4_moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
@@ -235,8 +237,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_
 @click.option("--input-len", type=DIMENSION, default=32, show_default=True)
 @click.option("--output-len", type=DIMENSION, default=128, show_default=True)
 @output_format_options
-def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
-                    gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
+def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
+                    max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
                     prefix_caching, async_scheduling, batch_size, input_len,
                     output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
@@ -249,7 +251,7 @@ def latency_command(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_n
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload
 
-    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, engine, dtype, estimator, max_num_seqs,
+    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
                                     async_scheduling, mxfp4_moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings

@@ -101,6 +101,7 @@ class StepKernels:
     graph_mode: str  # full | piecewise | none
     padded_tokens: int  # tokens the graphed kernels see (the batch's tokens when eager)
     runs: tuple[OpRun, ...]
+    ep: int = 1  # the GPUs of the TP group the routed experts are split over
 
     @property
     def in_cuda_graph(self) -> bool:
@@ -167,9 +168,9 @@ def _names(ops: tuple[Op, ...]) -> tuple[str, ...]:
     return tuple(op.name for op in ops)
 
 
-def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int) -> None:
-    """Raise a ServesimError for a TP/PP layout the engines refuse or a stage outside it."""
-    validate_parallelism(model, Parallelism(tp, pp))
+def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1) -> None:
+    """Raise a ServesimError for a TP/PP/EP layout the engines refuse or a stage outside it."""
+    validate_parallelism(model, Parallelism(tp, pp, ep))
     if not 0 <= stage < pp:
         raise ServesimError(f"--stage {stage} is outside 0..{pp - 1} for pp={pp}")
 
@@ -191,6 +192,7 @@ class _Ctx:
     heads: int  # per GPU
     kv_heads: int  # per GPU (replicated when tp > kv heads)
     mxfp4_moe: str = "triton"  # the MoE kernel MXFP4 experts run on: marlin or triton
+    ep: int = 1  # the GPUs of the TP group the routed experts are split over
 
     def all_reduce(self, name: str, width: int | None = None, dtype: str | None = None) -> list[Collective]:
         """The TP all-reduce of ``width`` values per token in ``dtype`` (default: the hidden states)."""
@@ -283,15 +285,24 @@ def balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
     return tuple(base + (1 if e < extra else 0) for e in range(experts))
 
 
-def reached_experts(tokens: int, top_k: int, experts: int) -> int:
-    """How many of ``experts`` a step's ``tokens`` reach when each picks ``top_k`` distinct experts on its own,
-    every expert alike: the expected ``E·(1 − (1 − k/E)^tokens)``, rounded.
+def reached_experts(tokens: int, top_k: int, experts: int, ep: int = 1) -> int:
+    """How many of one GPU's ``experts / ep`` experts a step's ``tokens`` reach when each picks ``top_k`` distinct
+    ones of all ``experts`` on its own, every expert alike: the expected ``(E/ep)·(1 − (1 − k/E)^tokens)``, rounded,
+    at least one.
 
     A step's tokens come from unrelated requests, so 32 tokens routed top-4 over 128 experts reach about 82 of
     them, not all 128 as spreading the pairs evenly would: an MoE layer at decode sizes reads fewer expert weights
     than balanced routing says. Prefill-sized batches reach every expert either way."""
-    reached = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
-    return min(experts, tokens * top_k, max(top_k, round(reached)))
+    local = experts // ep
+    reached = local * (1.0 - (1.0 - top_k / experts) ** tokens)
+    return min(local, local_pairs(tokens, top_k, ep), max(-(-top_k // ep), round(reached)))
+
+
+def local_pairs(tokens: int, top_k: int, ep: int) -> int:
+    """The (token, choice) pairs one GPU's experts receive when the experts are split over ``ep`` GPUs: the
+    expected ``tokens × top_k / ep``, rounded up (every GPU sees every token; the choices of other GPUs' experts
+    are masked out of its sort and GEMMs)."""
+    return -(-tokens * top_k // ep)
 
 
 def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
@@ -305,7 +316,8 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             *ctx.all_reduce("mlp.all_reduce"),
         ]
     experts, top_k = model.num_experts, model.num_experts_per_tok
-    reached = reached_experts(t, top_k, experts)
+    reached = reached_experts(t, top_k, experts, ctx.ep)
+    marlin = ctx.weights == "int4" or (ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin")
     scale = _FP8_SCALES.get(ctx.weights, "")
     return [
         # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
@@ -316,21 +328,22 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             tokens=t, num_experts=experts, top_k=top_k, renormalize=model.norm_topk_prob, dtype=ctx.act, name="topk",
             num_groups=model.n_group, topk_groups=model.topk_group,
         ),
-        # Timed as the layer of the experts the step's tokens reach (reached_experts), each receiving an even share
-        # of the pairs: the others read nothing and their grid blocks exit at once.
-        (MarlinMoE if ctx.weights == "int4" or (ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin")
-         else FusedMoE)(
+        # Timed as the layer of this GPU's experts the step's tokens reach (reached_experts), each receiving an
+        # even share of the GPU's pairs: the others read nothing and their grid blocks exit at once. Under expert
+        # parallelism the mean GPU's share: the step waits for the busiest, which the mean leaves out.
+        (MarlinMoE if marlin else FusedMoE)(
             tokens=t,
             num_experts=reached,
             top_k=top_k,
             hidden=model.hidden_size,
-            intermediate=model.moe_intermediate_size // ctx.tp,
-            expert_tokens=balanced_routing(t * top_k, reached),
+            intermediate=model.moe_intermediate_size // (ctx.tp // ctx.ep),
+            expert_tokens=balanced_routing(local_pairs(t, top_k, ctx.ep), reached),
             dtype="fp8" if scale else ctx.act,
             scale=scale,
             weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",
             weight_group=model.int4_group_size if ctx.weights == "int4" else 0,
             name="experts",
+            **({"global_experts": experts} if marlin and ctx.ep > 1 else {}),
         ),
         *_shared_experts(ctx),
         *ctx.all_reduce("moe.all_reduce"),
@@ -643,8 +656,10 @@ def expand(
     dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
     mxfp4_moe_backend: str = "auto",
+    ep: int = 1,
 ) -> StepKernels:
-    """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``.
+    """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``, the
+    routed experts split over ``ep`` of the ``tp`` GPUs (:class:`servesim.models.parallel.Parallelism`).
 
     ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
     default for the GPU). Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype,
@@ -656,7 +671,7 @@ def expand(
         raise ServesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ServesimError(f"unknown KV-cache dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
-    check_parallelism(model, tp, pp, stage)
+    check_parallelism(model, tp, pp, stage, ep)
     check_weight_format(model, dtype)
     traits = gpu_traits(gpu, config.name, tp)
     if dtype.startswith("fp8") and not traits.fp8_tensor_cores:
@@ -666,7 +681,7 @@ def expand(
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
     mxfp4_moe = config.mxfp4_moe_backend(traits.architecture, mxfp4_moe_backend)
-    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe)
+    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe, ep)
 
 
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
@@ -721,7 +736,7 @@ def kv_storage_dtype(weights: str, kv_cache_dtype: str) -> str:
 
 def _context(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
-    kv_cache_dtype: str, plan: GraphPlan, mxfp4_moe: str = "triton",
+    kv_cache_dtype: str, plan: GraphPlan, mxfp4_moe: str = "triton", ep: int = 1,
 ) -> _Ctx:
     act = activation_dtype(dtype)
     return _Ctx(
@@ -738,6 +753,7 @@ def _context(
         heads=model.num_attention_heads // tp,
         kv_heads=max(1, model.num_kv_heads // tp),
         mxfp4_moe=mxfp4_moe,
+        ep=ep,
     )
 
 
@@ -781,10 +797,10 @@ def step_part(
 @functools.lru_cache(maxsize=8192)
 def _expand_cached(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
-    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton",
+    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1,
 ) -> StepKernels:
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
-    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe)
+    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep)
     layers = stage_layers(model.num_layers, pp, stage)
     # Layer bodies by (is MoE, is sliding-window), each built once (layer 0 differs, built apart).
     body: dict[tuple[bool, bool, bool], tuple[Op, ...]] = {}
@@ -818,4 +834,5 @@ def _expand_cached(
         graph_mode=plan.mode,
         padded_tokens=plan.padded_tokens,
         runs=tuple(run for run in runs if run.ops),
+        ep=ep,
     )

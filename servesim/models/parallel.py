@@ -1,4 +1,4 @@
-"""Tensor- and pipeline-parallel layouts and how they shard a model."""
+"""Tensor-, expert- and pipeline-parallel layouts and how they shard a model."""
 
 from __future__ import annotations
 
@@ -14,25 +14,35 @@ VOCAB_PADDING = 64
 
 @dataclass(frozen=True)
 class Parallelism:
-    """A replica's layout: ``tp`` GPUs per pipeline stage, ``pp`` stages."""
+    """A replica's layout: ``tp`` GPUs per pipeline stage, ``pp`` stages, and the MoE experts of each stage split
+    over ``ep`` of its ``tp`` GPUs (expert parallelism inside the TP group: vLLM ``--enable-expert-parallel``, SGLang
+    ``--ep-size``), each expert's intermediate width over the other ``tp / ep``. Attention and the dense layers stay
+    tensor-parallel over all ``tp``; every GPU holds the same bytes of expert weights either way."""
 
     tp: int = 1
     pp: int = 1
+    ep: int = 1
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp
 
+    @property
+    def moe_tp(self) -> int:
+        """The GPUs each expert's intermediate width is split over."""
+        return self.tp // self.ep
+
     def __str__(self) -> str:
-        return f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "")
+        return f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "") + (f" EP{self.ep}" if self.ep > 1 else "")
 
 
 #: The largest TP or TP × PP suggested when no GPU bounds a layout: a replica of eight 8-GPU nodes.
 UNBOUNDED_SUGGESTION_GPUS = 64
 
 
-def _tp_problem(model: ModelConfig, tp: int) -> str | None:
-    """Why the engines refuse tensor parallelism ``tp`` for ``model`` (heads, KV heads, sharded widths), or None."""
+def _tp_problem(model: ModelConfig, tp: int, ep: int = 1) -> str | None:
+    """Why the engines refuse tensor parallelism ``tp`` (with experts over ``ep`` of its GPUs) for ``model`` (heads,
+    KV heads, sharded widths), or None."""
     heads = model.num_attention_heads
     if heads % tp:
         return f"TP={tp} does not divide the {heads} attention heads of {model.name}"
@@ -46,11 +56,26 @@ def _tp_problem(model: ModelConfig, tp: int) -> str | None:
     widths = {"padded vocabulary": padded_vocab(model.vocab_size)}
     if len(model.moe_layer_indices) < model.num_layers:
         widths["intermediate_size"] = model.intermediate_size
-    if model.is_moe:
-        widths["moe_intermediate_size"] = model.moe_intermediate_size
     for what, width in widths.items():
         if width % tp:
             return f"TP={tp} does not divide the {what} of {model.name} ({width})"
+    if model.is_moe and model.moe_intermediate_size % (tp // ep):
+        split = f"TP={tp}" if ep == 1 else f"TP/EP={tp // ep}"
+        return f"{split} does not divide the moe_intermediate_size of {model.name} ({model.moe_intermediate_size})"
+    return None
+
+
+def _ep_problem(model: ModelConfig, par: Parallelism) -> str | None:
+    """Why expert parallelism ``par.ep`` cannot split ``model``'s experts inside ``par.tp``, or None."""
+    if par.ep == 1:
+        return None
+    if not model.is_moe:
+        return f"--ep applies to MoE models and {model.name} has no experts; drop --ep"
+    if par.tp % par.ep:
+        full = f" or --ep {par.tp}" if model.num_experts % par.tp == 0 else ""
+        return f"EP={par.ep} does not divide TP={par.tp} (experts are split over GPUs of the TP group); use --ep 1{full}"
+    if model.num_experts % par.ep:
+        return f"EP={par.ep} does not divide the {model.num_experts} experts of {model.name}; use --ep 1"
     return None
 
 
@@ -66,8 +91,11 @@ def validate_parallelism(model: ModelConfig, par: Parallelism, max_gpus: int | N
     """Raise a :class:`ServesimError` for a layout the engines refuse, or one of more than ``max_gpus`` GPUs (the
     GPUs of ``where``). Every command checks layouts here, so each refuses the same ones, and each message's
     suggestions are layouts this check accepts."""
-    if par.tp < 1 or par.pp < 1:
-        raise ServesimError(f"TP and PP must be at least 1 (got TP={par.tp}, PP={par.pp})")
+    if par.tp < 1 or par.pp < 1 or par.ep < 1:
+        raise ServesimError(f"TP, PP and EP must be at least 1 (got TP={par.tp}, PP={par.pp}, EP={par.ep})")
+    problem = _ep_problem(model, par)
+    if problem is not None:
+        raise ServesimError(problem)
 
     def tp_choices() -> str:
         choices = accepted_tps(model, max_gpus, par.pp) or accepted_tps(model, max_gpus)
@@ -76,7 +104,7 @@ def validate_parallelism(model: ModelConfig, par: Parallelism, max_gpus: int | N
     if max_gpus is not None and par.tp > max_gpus:
         raise ServesimError(f"TP={par.tp} exceeds the {max_gpus} GPUs of {where}; use a TP among "
                             f"{tp_choices()}")
-    problem = _tp_problem(model, par.tp)
+    problem = _tp_problem(model, par.tp, par.ep)
     if problem is not None:
         raise ServesimError(f"{problem}; use a TP among {tp_choices()}")
     max_pp = model.num_layers if max_gpus is None else min(model.num_layers, max_gpus // par.tp)

@@ -56,6 +56,7 @@ class PlanRequest:
     slos: tuple[Slo, ...]
     tp: int | None = None  # None: searched (candidate_layouts)
     pp: int | None = None
+    ep: int | None = 1  # None: searched, none and over all TP GPUs (MoE models)
     dtype: str = "bf16"
     estimator: str = DEFAULT_ESTIMATOR
     engine_overrides: tuple[tuple[str, int | float | str | None], ...] = ()  # build_deployment's settings
@@ -119,23 +120,35 @@ class Plan:
         return self.options[0] if self.options and self.options[0].rank == 1 else None
 
 
-def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int | None) -> list[Parallelism]:
+def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int | None,
+                      ep: int | None = 1) -> list[Parallelism]:
     """The layouts to try on ``gpu``: the given TP and PP, or for each one left open every divisor of the GPUs in a
-    node, keeping TP × PP within a node (so that a node holds whole replicas) and the layouts the engines accept."""
+    node, keeping TP × PP within a node (so that a node holds whole replicas) and the layouts the engines accept.
+    ``ep`` splits the experts of each layout whose TP it divides (1: none); None tries each TP layout of a MoE model
+    both without and with its experts over all its TP GPUs."""
     node = gpu.gpus_per_node
     if tp is not None:
-        check_layout(model, gpu, Parallelism(tp, 1))
+        check_layout(model, gpu, Parallelism(tp, 1, ep if ep is not None else 1))
     if pp is not None:
         check_layout(model, gpu, Parallelism(tp or 1, pp))
-    if tp is not None and pp is not None:
-        return [Parallelism(tp, pp)]
     divisors = [d for d in range(1, node + 1) if node % d == 0]
     layouts = []
     for t in [tp] if tp is not None else divisors:
         for p in [pp] if pp is not None else divisors:
-            if t * p <= node and _accepted(model, Parallelism(t, p)):
-                layouts.append(Parallelism(t, p))
+            for e in _expert_splits(model, t, ep):
+                if t * p <= node and _accepted(model, Parallelism(t, p, e)):
+                    layouts.append(Parallelism(t, p, e))
+    if not layouts and ep not in (None, 1):
+        raise ServesimError(f"no layout of {model.name} on {gpu.name} has a TP that EP={ep} divides; give --tp as a "
+                            f"multiple of {ep}, or --ep 1")
     return layouts
+
+
+def _expert_splits(model: ModelConfig, tp: int, ep: int | None) -> list[int]:
+    """The expert-parallel degrees tried with ``tp``: ``ep`` itself, or with None, 1 and (MoE models) ``tp``."""
+    if ep is not None:
+        return [ep]
+    return [1, tp] if model.is_moe and tp > 1 else [1]
 
 
 def _accepted(model: ModelConfig, par: Parallelism) -> bool:
@@ -156,17 +169,35 @@ def option_refusal(request: PlanRequest, gpu: GpuSpec, par: Parallelism) -> str 
     try:
         deployment = request.deployment(gpu, par)
         expand(request.engine_name, request.model, gpu, BatchSpec(prefills=(PrefillChunk(1, 0),)), par.tp, par.pp,
-               0, deployment.dtype, deployment.kv_cache_dtype)
+               0, deployment.dtype, deployment.kv_cache_dtype, ep=par.ep)
     except ServesimError as exc:
         return str(exc)
     return None
+
+
+def _engine_layouts(request: PlanRequest, layouts: list[Parallelism]) -> list[Parallelism]:
+    """The layouts whose expert split the request's engine runs (vLLM: none or over all TP GPUs); raises the
+    engine's refusal when it runs none of them."""
+    engine = parse_engine(request.engine)[0]
+
+    def runs(par: Parallelism) -> bool:
+        try:
+            engine.check_expert_parallel(par)
+        except ServesimError:
+            return False
+        return True
+
+    kept = [par for par in layouts if runs(par)]
+    if layouts and not kept:
+        engine.check_expert_parallel(layouts[0])
+    return kept
 
 
 def all_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism, str | None]]:
     """Every (GPU, layout) the plan weighs, GPU by GPU, each with :func:`option_refusal`."""
     options = []
     for gpu in request.gpus:
-        layouts = candidate_layouts(request.model, gpu, request.tp, request.pp)
+        layouts = _engine_layouts(request, candidate_layouts(request.model, gpu, request.tp, request.pp, request.ep))
         refusal = option_refusal(request, gpu, layouts[0]) if layouts else None
         options += [(gpu, par, refusal if refusal is None else option_refusal(request, gpu, par))
                     for par in layouts]
@@ -212,12 +243,12 @@ def option_tasks(request: PlanRequest) -> list[OptionTask]:
 
 
 def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:
-    """Task indices grouped by GPU and TP, each group searched in one process (:func:`search_options`), the likely
+    """Task indices grouped by GPU, TP and EP, each group searched in one process (:func:`search_options`), the likely
     slowest first so that a pool of workers finishes together. While there are fewer groups than ``workers``, the
     group of most work gives its slowest option a group of its own, so that grouping never leaves a worker idle."""
-    by_layout: dict[tuple[str, int], list[int]] = {}
+    by_layout: dict[tuple[str, int, int], list[int]] = {}
     for i in sorted(range(len(tasks)), key=lambda i: (-_relative_work(tasks[i]), i)):
-        by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp), []).append(i)
+        by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp, tasks[i].par.ep), []).append(i)
     groups = list(by_layout.values())
 
     def work(group: list[int]) -> float:
@@ -237,7 +268,7 @@ def _relative_work(task: OptionTask) -> float:
 
 
 def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
-    """:func:`search_capacity` of each task in turn. Options of one GPU and TP launch the same kernels in every
+    """:func:`search_capacity` of each task in turn. Options of one GPU, TP and EP launch the same kernels in every
     layer and the same attention kernels for many of their batches: their step-time models share those times
     (``StepTimeModel(shares_with=...)``), so the second and later options of a process time only the batches the
     first did not meet, besides their own pipeline stages' times. Each model also starts from the step times earlier
@@ -246,7 +277,7 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
     results = []
     for task in tasks:
         dep = task.deployment
-        key = (dep.gpu, dep.par.tp, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype, dep.estimator)
+        key = (dep.gpu, dep.par.tp, dep.par.ep, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype, dep.estimator)
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
         load_memos(steps)

@@ -109,6 +109,7 @@ def build_deployment(
         raise ServesimError(f"unknown weight dtype {dtype!r}; use one of {', '.join(WEIGHT_DTYPES)}")
     validate_parallelism(model, par)
     engine_class, release = parse_engine(engine)
+    engine_class.check_expert_parallel(par)
     settings = engine_class.default_settings(gpu, par, release).with_overrides(**overrides)
     if settings.async_scheduling and par.pp > 1:
         raise ServesimError(f"{release.label} runs no async scheduling with pipeline parallelism; drop "

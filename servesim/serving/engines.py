@@ -139,7 +139,14 @@ class Engine:
     def launch_head(self, model_ref: str, par: Parallelism) -> list[str]:
         """The command that starts the server for ``model_ref`` with layout ``par`` (a size of 1 is the default)."""
         sizes = [f"{flag} {size}" for flag, size in zip(self.parallel_flags, (par.tp, par.pp)) if size > 1]
-        return [self.command.format(model=model_ref), *sizes]
+        return [self.command.format(model=model_ref), *sizes, *self.expert_parallel_flags(par)]
+
+    def expert_parallel_flags(self, par: Parallelism) -> list[str]:
+        """The flags that split the experts over ``par.ep`` GPUs (none without expert parallelism)."""
+        raise NotImplementedError
+
+    def check_expert_parallel(self, par: Parallelism) -> None:
+        """Refuse an expert-parallel degree the engine cannot run inside one TP group (every engine accepts 1)."""
 
     def launch_flags(self, settings: EngineSettings, default_async: bool) -> list[str]:
         """The server flags whose values the prediction assumed; ``default_async``: whether the engine schedules
@@ -166,6 +173,18 @@ class Vllm(Engine):
     no_async_flag = "--no-async-scheduling"
     async_flag = "--async-scheduling"
 
+    def expert_parallel_flags(self, par: Parallelism) -> list[str]:
+        return ["--enable-expert-parallel"] if par.ep > 1 else []
+
+    def check_expert_parallel(self, par: Parallelism) -> None:
+        """``--enable-expert-parallel`` splits the experts over every GPU of the replica (EP = TP × DP; with one
+        data-parallel rank, all TP GPUs) and their widths over none (vllm/model_executor/layers/fused_moe/config.py
+        ``FusedMoEParallelConfig.make``), so EP is 1 or TP."""
+        if par.ep not in (1, par.tp):
+            raise ServesimError(f"vllm splits the experts over all {par.tp} GPUs of the TP group or none "
+                                f"(--enable-expert-parallel), not {par.ep}; use --ep 1 or --ep {par.tp}, or "
+                                f"--engine sglang (--ep-size {par.ep})")
+
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
         # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.
         big = gpu.memory_gib >= 70 and not gpu.name.upper().startswith("A100")
@@ -185,6 +204,11 @@ class Sglang(Engine):
     no_prefix_cache_flag = "--disable-radix-cache"
     no_async_flag = "--disable-overlap-schedule"
     async_flag = ""  # the overlap scheduler is on unless disabled
+
+    def expert_parallel_flags(self, par: Parallelism) -> list[str]:
+        """``--ep-size`` splits the TP group into EP subgroups: an expert's width over ``tp / ep`` GPUs
+        (``moe_ep_rank = tp_rank // (tp_size // ep_size)``, python/sglang/srt/entrypoints/engine.py)."""
+        return [f"--ep-size {par.ep}"] if par.ep > 1 else []
 
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
         chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
@@ -206,7 +230,7 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: Eng
     """
     tokens = settings.max_num_batched_tokens
     mlp_width = model.moe_intermediate_size * model.num_experts_per_tok if model.is_moe else model.intermediate_size
-    forward = tokens * (3 * mlp_width / par.tp + 4 * model.hidden_size) * 2
+    forward = tokens * (3 * mlp_width / par.moe_tp + 4 * model.hidden_size) * 2
     sampler = settings.max_num_seqs * padded_vocab_per_gpu(model, 1) * 4 * 2
     return forward + sampler
 

@@ -129,7 +129,7 @@ class StepTimeModel:
         if shares_with is not None:
             if shares_with._layer_identity() != self._layer_identity() or shares_with.estimator is not estimator:
                 raise ServesimError(f"a step-time model of {model.name} on {gpu.name} with {par} cannot share times "
-                                    f"with one of another engine, model, GPU, TP, dtype, estimator or overhead")
+                                    f"with one of another engine, model, GPU, TP, EP, dtype, estimator or overhead")
             self._kernel_us, self._collective_us = shares_with._kernel_us, shares_with._collective_us
             self.attention_by_batch, self.mixed_attention = shares_with.attention_by_batch, shares_with.mixed_attention
         #: The decode spans servesim/serving/step_cache.py interpolates decode-only steps in, by what they depend on.
@@ -138,7 +138,7 @@ class StepTimeModel:
     def _layer_identity(self) -> tuple:
         """What one layer's kernels and their times depend on: everything but the pipeline depth and the host's
         per-step terms (only an eager kernel's launch floor enters a kernel's time)."""
-        return (self.engine, self.model, self.gpu, self.par.tp, self.dtype, self.kv_cache_dtype,
+        return (self.engine, self.model, self.gpu, self.par.tp, self.par.ep, self.dtype, self.kv_cache_dtype,
                 self.mxfp4_moe_backend, self.overhead.eager_launch_us)
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
@@ -146,7 +146,7 @@ class StepTimeModel:
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,
-                      self.kv_cache_dtype, self.mxfp4_moe_backend)
+                      self.kv_cache_dtype, self.mxfp4_moe_backend, self.par.ep)
 
     def kernel_times_us(self, kernels: list[Kernel]) -> np.ndarray:
         """Times of ``kernels`` (µs), predicting each kernel not seen before in one batched estimator call (the

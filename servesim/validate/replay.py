@@ -72,6 +72,7 @@ class ServingCase:
     mxfp4_moe_backend: str = "auto"  # the MoE kernel of MXFP4 experts (auto: the engine's default for the GPU)
     scheduler_recv_interval: int | None = None  # SGLang's --scheduler-recv-interval (None: the default, 1)
     measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
+    ep: int = 1  # the GPUs of the TP group the experts are split over (vLLM --enable-expert-parallel, SGLang --ep-size)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
     from servesim.models.parallel import Parallelism
     from servesim.serving.deployment import build_deployment
 
-    return build_deployment(model, gpu, Parallelism(case.tp, case.pp), case_release(case), case.dtype, estimator,
+    return build_deployment(model, gpu, Parallelism(case.tp, case.pp, case.ep), case_release(case), case.dtype, estimator,
                             kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
                             max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
@@ -158,7 +159,7 @@ def case_row(case: ServingCase, summary: Mapping[str, float]) -> dict[str, objec
     return {
         "case_id": case.case_id, "model_id": case.model_id, "preset": case.preset, "gpu": case.gpu,
         "engine": case.engine, "engine_version": case.engine_version, "dtype": case.dtype, "tp": case.tp,
-        "pp": case.pp, "isl": case.isl, "osl": case.osl, "concurrency": case.concurrency,
+        "pp": case.pp, "ep": case.ep, "isl": case.isl, "osl": case.osl, "concurrency": case.concurrency,
         "requests": len(case.workload),
         "measured_ttft_ms": case.measured_ttft_ms, "predicted_ttft_ms": ttft,
         "ttft_error": _error(ttft, case.measured_ttft_ms),

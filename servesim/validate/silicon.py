@@ -144,19 +144,25 @@ def _skip(row: Mapping, reason: str) -> Skipped:
     return Skipped(str(row["id"]), str(row["model"]), str(row["gpu"]), str(row["backend"]), reason)
 
 
-def _layout_problem(row: Mapping, is_moe: bool) -> str | None:
-    """Why the row's layout cannot be simulated (the MoE degrees only matter for MoE models), or None."""
+def _layout(row: Mapping, is_moe: bool) -> tuple[int, int] | str:
+    """The row's (TP, EP) as servesim replays it (the MoE degrees only matter for MoE models), or why it cannot be.
+
+    Some SGLang rows record ``tp_size`` as TP × EP with ``moe_tp_size`` TP: the row id says ``_tp4_ep4_`` where the
+    columns say 16, 4, 4, and the same measurement appears in another source of the file as TP 4, MoE TP 1, EP 4.
+    A row whose ``tp`` is the product of MoE degrees both above 1 is read so: TP = ``moe_tp``, EP = ``moe_ep``."""
     tp = _int(row["tp"])
     attention_dp, moe_tp, moe_ep = (_int(row[c]) for c in ("attention_dp", "moe_tp", "moe_ep"))
     if attention_dp not in (None, 0, 1):
         return f"attention data parallelism {attention_dp} is not modelled"
-    if not is_moe:
-        return None
-    if moe_ep not in (None, 0, 1):
-        return f"MoE expert parallelism {moe_ep} is not modelled"
-    if moe_tp not in (None, 0, tp):
-        return f"MoE tensor parallelism {moe_tp} differing from TP {tp} is not modelled"
-    return None
+    if not is_moe or moe_ep in (None, 0, 1):
+        if is_moe and moe_tp not in (None, 0, tp):
+            return f"MoE tensor parallelism {moe_tp} differing from TP {tp} is not modelled"
+        return tp, 1
+    if moe_tp not in (None, 0) and moe_tp > 1 and tp == moe_tp * moe_ep:
+        return moe_tp, moe_ep
+    if (moe_tp or 1) * moe_ep != tp:
+        return f"MoE tensor parallelism {moe_tp} times expert parallelism {moe_ep} differing from TP {tp}"
+    return tp, moe_ep
 
 
 def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
@@ -170,9 +176,9 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     quant = "" if pd.isna(row["gemm_quant"]) else str(row["gemm_quant"])
     if quant not in _GEMM_QUANT_DTYPES:
         return _skip(row, f"{quant} weights are not modelled (bf16, fp8 and fp8_block are)")
-    problem = _layout_problem(row, get_model(preset).is_moe)
-    if problem:
-        return _skip(row, problem)
+    layout = _layout(row, get_model(preset).is_moe)
+    if isinstance(layout, str):
+        return _skip(row, layout)
     concurrency = _int(row["concurrency"]) or _int(row["batch_size"])
     if not concurrency:
         return _skip(row, "neither concurrency nor batch_size is recorded")
@@ -188,7 +194,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
         engine_version="" if pd.isna(row["backend_version"]) else str(row["backend_version"]),
-        dtype=_GEMM_QUANT_DTYPES[quant], tp=int(row["tp"]), pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
+        dtype=_GEMM_QUANT_DTYPES[quant], tp=layout[0], ep=layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=protocol.kv_cache_dtype,
@@ -196,7 +202,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         async_scheduling=protocol.async_scheduling, prefix_caching=protocol.prefix_caching,
         mxfp4_moe_backend=protocol.mxfp4_moe_backend,
         scheduler_recv_interval=(inferencex_sglang_recv_interval(
-            str(row["model"]), str(row["gpu"]), int(row["tp"]), concurrency,
+            str(row["model"]), str(row["gpu"]), layout[0], concurrency,
             "" if pd.isna(row["backend_version"]) else str(row["backend_version"]))
             if protocol.name == "InferenceX" and str(row["backend"]) == "sglang" else None),
     )

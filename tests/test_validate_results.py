@@ -3,6 +3,7 @@ one-line errors naming the field."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +142,17 @@ def test_cli_takes_the_release_and_server_flags() -> None:
     bad = CliRunner().invoke(main, ["validate", "results", str(DATA / "vllm_bench_serve.json"), "--engine",
                                     "vllm==0.1"])
     assert bad.exit_code == 2 and "vllm 0.1 is not modelled" in bad.output
+
+
+def test_a_run_of_an_unknown_model_is_skipped_with_the_fix_and_a_config_path_is_replayed(tmp_path: Path) -> None:
+    given = Deployment(model="acme/unknown-7b", gpu="H100-SXM", engine="vllm")
+    cases, skipped = result_cases([DATA / "vllm_bench_serve.json"], given)
+    assert not cases
+    assert "no servesim preset for model 'acme/unknown-7b'" in skipped[0].reason
+    assert "config.json" in skipped[0].reason
+    from servesim.models.registry import preset_record
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(preset_record("llama3.1-8b")["config"]))
+    (case,) = result_cases([DATA / "vllm_bench_serve.json"], Deployment(model=str(config)))[0]
+    assert case.preset == str(config)

@@ -31,6 +31,7 @@ _ROW_COLUMNS = (
     Column("gpu", "GPU", align="<"),
     Column("engine", "engine", align="<"),
     Column("tp", "TP", "d"),
+    Column("ep", "EP", "d"),
     Column("isl", "ISL", ",.0f"),
     Column("osl", "OSL", ",.0f"),
     Column("concurrency", "conc.", ","),
@@ -179,13 +180,14 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         return
     error_columns = (*_ERROR_COLUMNS, *(_AIC_COLUMNS if with_aic else ()))
     key_columns = (Column("gpu", "GPU", align="<"), Column("engine", "engine", align="<"),
-                   Column("model_id", "model", align="<"), Column("tp", "TP", "d"), Column("split", "split", align="<"))
+                   Column("model_id", "model", align="<"), Column("tp", "TP", "d"), Column("ep", "EP", "d"),
+                   Column("split", "split", align="<"))
     notes = [f"{len(frame)} rows replayed with the {estimator} estimator, {len(skipped)} skipped; train/test: "
              f"{TRAIN_RULE}; errors are predicted / measured - 1 (bias = mean signed error)."]
     if aic_failed:
         notes.append(f"aiconfigurator could not estimate {len(aic_failed)} rows (--json lists them).")
     _print_tables([
-        ("Errors per GPU, engine, model and TP", groups, (*key_columns, *error_columns)),
+        ("Errors per GPU, engine, model, TP and EP", groups, (*key_columns, *error_columns)),
         ("Overall", overall, (Column("split", "split", align="<"), Column("engine", "engine", align="<"),
                               *error_columns)),
         (f"Against the bar (TTFT MAPE ≤ {TTFT_BAR_PCT:g} %, TPOT MAPE ≤ {TPOT_BAR_PCT:g} %) on its models' rows: "
@@ -239,7 +241,7 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
 
 @validate_group.command("results")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--model", default=None, help="Preset or Hugging Face id [default: the file's model id].")
+@click.option("--model", default=None, help="Preset, Hugging Face id of a preset's architecture or config.json path [default: the file's model id].")
 @click.option("--gpu", default=None, help="GPU from 'servesim gpus' [default: the file's metadata].")
 @click.option("--engine", default=None, callback=engine_spec, metavar="ENGINE[==RELEASE]",
               help="Engine (and release, vllm==0.15.1) that served the runs [default: the file's metadata; an "

@@ -29,6 +29,14 @@ CHECKPOINT_PRESETS: Mapping[str, str] = {
     "Qwen/Qwen3-32B-FP8": "qwen3-32b",
     "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
     "Qwen/Qwen3.5-397B-A17B-FP8": "qwen3.5-397b-a17b",
+    "Qwen/Qwen2.5-7B": "qwen2.5-7b",
+    "meta-llama/Llama-2-7b-chat-hf": "llama2-7b",
+    "meta-llama/Llama-2-70b-chat-hf": "llama2-70b",
+    "codellama/CodeLlama-34b-hf": "codellama-34b",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
+    "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b",
+    "mistralai/Mistral-Nemo-Base-2407": "mistral-nemo-12b",
+    "01-ai/Yi-34B-Chat": "yi-34b",
 }
 
 

@@ -257,16 +257,29 @@ def _required(deployment: Deployment, run: MeasuredRun, field: str, option: str)
     return value
 
 
+def model_ref(model_id: str) -> str | None:
+    """What the simulator loads for a run's model: the preset of its architecture (:func:`preset_for`), else the
+    model id itself when it is the path of a ``config.json``; None when neither."""
+    preset = preset_for(model_id)
+    if preset is None and Path(model_id).is_file():
+        return model_id
+    return preset
+
+
+def _no_model(model_id: str) -> str:
+    return (f"no servesim preset for model {model_id!r}; give --model with a preset ('servesim models' lists them) "
+            f"or the path of its config.json")
+
+
 def run_case(run: MeasuredRun, given: Deployment, seed: int = 0, flags: ServerFlags = ServerFlags()) -> ServingCase:
     """The simulation setup of ``run``: the deployment from ``given``, else the file, with ``flags``, else what
     the file says about the server."""
     deployment = given.filled_from(run.deployment)
     flags = flags.filled_from(run.server)
     model_id = _required(deployment, run, "model", "--model")
-    preset = preset_for(model_id)
+    preset = model_ref(model_id)
     if preset is None:
-        raise ServesimError(f"{run.run_id}: no servesim preset for model {model_id!r}; give --model with a preset "
-                            f"('servesim models' lists them)")
+        raise ServesimError(f"{run.run_id}: {_no_model(model_id)}")
     rng = np.random.default_rng(seed)
     closed = run.concurrency is not None
     workload = Workload(
@@ -295,10 +308,12 @@ def result_cases(paths: Sequence[Path], given: Deployment, seed: int = 0,
     cases, skipped = [], []
     for path in paths:
         for run in read_result_file(Path(path), seed):
-            if run.not_comparable is None:
+            model = given.model or run.model_id or ""
+            unknown = model and model_ref(model) is None
+            if run.not_comparable is None and not unknown:
                 cases.append(run_case(run, given, seed, flags))
             else:
-                model = given.model or run.model_id or ""
                 skipped.append(Skipped(run.run_id, model, given.gpu or run.deployment.gpu or "",
-                                       given.engine or run.deployment.engine or "", run.not_comparable))
+                                       given.engine or run.deployment.engine or "",
+                                       run.not_comparable or _no_model(model)))
     return cases, skipped

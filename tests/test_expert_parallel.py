@@ -112,3 +112,18 @@ def test_cli_refuses_ep_on_a_dense_model_in_one_line() -> None:
 def test_silicon_rows_layouts(tp, moe_tp, moe_ep, attention_dp, expected) -> None:
     row = {"tp": tp, "moe_tp": moe_tp, "moe_ep": moe_ep, "attention_dp": attention_dp}
     assert _layout(row, is_moe=True) == expected
+
+
+def test_replay_times_each_expert_split_with_its_own_step_model() -> None:
+    from dataclasses import replace
+
+    from servesim.validate.replay import ServingCase, StepModels, replay
+    from servesim.workloads import build_workload
+
+    case = ServingCase(case_id="tp2", model_id="Qwen/Qwen3-30B-A3B", preset="qwen3-30b-a3b", gpu="H100-SXM",
+                       engine="vllm", engine_version="", dtype="bf16", tp=2, pp=1, isl=512, osl=32, concurrency=4,
+                       workload=build_workload("fixed:512:32", 8, concurrency=4), measured_ttft_ms=50.0,
+                       measured_tpot_ms=10.0)
+    rows, skipped = replay([case, replace(case, case_id="tp2ep2", ep=2)], "mlp", step_models=StepModels("mlp"))
+    assert not skipped
+    assert [row["ep"] for row in rows] == [1, 2]

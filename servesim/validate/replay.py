@@ -110,7 +110,7 @@ class StepModels:
         self._models: dict[tuple, StepTimeModel] = {}
 
     def get(self, case: ServingCase) -> StepTimeModel:
-        key = (case_release(case), case.preset, case.gpu, case.tp, case.pp, case.dtype, case.kv_cache_dtype,
+        key = (case_release(case), case.preset, case.gpu, case.tp, case.pp, case.ep, case.dtype, case.kv_cache_dtype,
                case.mxfp4_moe_backend)
         if key not in self._models:
             from servesim.hardware import get_gpu
@@ -141,8 +141,8 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
     from servesim.models.parallel import Parallelism
     from servesim.serving.deployment import build_deployment
 
-    return build_deployment(model, gpu, Parallelism(case.tp, case.pp, case.ep), case_release(case), case.dtype, estimator,
-                            kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
+    return build_deployment(model, gpu, Parallelism(case.tp, case.pp, case.ep), case_release(case), case.dtype,
+                            estimator, kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
                             max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
                             mxfp4_moe_backend=case.mxfp4_moe_backend,

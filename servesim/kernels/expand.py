@@ -10,6 +10,8 @@ family adds.
 from __future__ import annotations
 
 import functools
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Union
 
@@ -287,22 +289,37 @@ def balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
 
 def reached_experts(tokens: int, top_k: int, experts: int, ep: int = 1) -> int:
     """How many of one GPU's ``experts / ep`` experts a step's ``tokens`` reach when each picks ``top_k`` distinct
-    ones of all ``experts`` on its own, every expert alike: the expected ``(E/ep)·(1 − (1 − k/E)^tokens)``, rounded,
-    at least one.
+    ones of all ``experts`` on its own, every expert alike: the expected ``E·(1 − (1 − k/E)^tokens)`` without expert
+    parallelism; with it, the busiest of the ``ep`` GPUs (:func:`busiest_rank`), whose layer the others wait for at
+    the all-reduce. Rounded, at least one.
 
     A step's tokens come from unrelated requests, so 32 tokens routed top-4 over 128 experts reach about 82 of
     them, not all 128 as spreading the pairs evenly would: an MoE layer at decode sizes reads fewer expert weights
     than balanced routing says. Prefill-sized batches reach every expert either way."""
     local = experts // ep
-    reached = local * (1.0 - (1.0 - top_k / experts) ** tokens)
-    return min(local, local_pairs(tokens, top_k, ep), max(-(-top_k // ep), round(reached)))
+    p = 1.0 - (1.0 - top_k / experts) ** tokens
+    reached = busiest_rank(local * p, local * p * (1.0 - p), ep)
+    return min(local, local_pairs(tokens, top_k, experts, ep), max(-(-top_k // ep), round(reached)))
 
 
-def local_pairs(tokens: int, top_k: int, ep: int) -> int:
-    """The (token, choice) pairs one GPU's experts receive when the experts are split over ``ep`` GPUs: the
-    expected ``tokens × top_k / ep``, rounded up (every GPU sees every token; the choices of other GPUs' experts
-    are masked out of its sort and GEMMs)."""
-    return -(-tokens * top_k // ep)
+def local_pairs(tokens: int, top_k: int, experts: int, ep: int) -> int:
+    """The (token, choice) pairs the busiest of ``ep`` GPUs receives when the experts are split over them (every GPU
+    sees every token; the choices of other GPUs' experts are masked out of its sort and GEMMs). A token's ``top_k``
+    distinct choices put a hypergeometric count on each GPU (mean ``k/ep``); summed over the tokens and taken at
+    the busiest GPU (:func:`busiest_rank`), rounded up; all ``tokens × top_k`` without expert parallelism."""
+    per_token_var = top_k / ep * (1.0 - 1.0 / ep) * (experts - top_k) / max(experts - 1, 1)
+    busiest = busiest_rank(tokens * top_k / ep, tokens * per_token_var, ep)
+    return min(tokens * top_k, math.ceil(busiest - 1e-9))
+
+
+def busiest_rank(mean: float, variance: float, ranks: int) -> float:
+    """The expected largest of ``ranks`` independent loads of this mean and variance, by the normal approximation
+    with Blom's plotting position for the maximum's quantile (``Φ⁻¹((n − 0.375) / (n + 0.25))``); the mean itself for
+    one rank."""
+    if ranks == 1:
+        return mean
+    quantile = statistics.NormalDist().inv_cdf((ranks - 0.375) / (ranks + 0.25))
+    return mean + quantile * math.sqrt(max(variance, 0.0))
 
 
 def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
@@ -330,14 +347,14 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         ),
         # Timed as the layer of this GPU's experts the step's tokens reach (reached_experts), each receiving an
         # even share of the GPU's pairs: the others read nothing and their grid blocks exit at once. Under expert
-        # parallelism the mean GPU's share: the step waits for the busiest, which the mean leaves out.
+        # parallelism the busiest GPU's share, which the others wait for.
         (MarlinMoE if marlin else FusedMoE)(
             tokens=t,
             num_experts=reached,
             top_k=top_k,
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // (ctx.tp // ctx.ep),
-            expert_tokens=balanced_routing(local_pairs(t, top_k, ctx.ep), reached),
+            expert_tokens=balanced_routing(local_pairs(t, top_k, experts, ctx.ep), reached),
             dtype="fp8" if scale else ctx.act,
             scale=scale,
             weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",

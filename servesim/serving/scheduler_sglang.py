@@ -129,6 +129,7 @@ class SglangScheduler(Scheduler):
         rem_total = self.available - self._reserved_tokens()
         reqs: list[RequestState] = []
         news: list[int] = []
+        admitted: list[RequestState] = []
         if self.chunked is not None:
             req = self.chunked
             new = min(req.seq_len - req.computed, rem_chunk)
@@ -150,6 +151,7 @@ class SglangScheduler(Scheduler):
             if total + pinned > rem_total:
                 break
             self.waiting.popleft()
+            admitted.append(req)
             self.admit_hit(req, path, hit)
             rem_total -= pinned
             new = min(extend, rem_chunk)
@@ -165,7 +167,7 @@ class SglangScheduler(Scheduler):
         if not reqs:
             return None
         self._recv_counter = self.recv_interval  # a prefill batch weighs 1000: the next iteration polls
-        return make_step(reqs, news)
+        return make_step(reqs, news, admitted)
 
     def _decode_step(self) -> Step | None:
         reqs = [r for r in self.running if not r.in_flight]
@@ -177,9 +179,19 @@ class SglangScheduler(Scheduler):
                 return None  # what is left waits for micro-batches still in the pipeline
         else:
             self.decode_launched()
+        self._take_one_each(reqs)
+        return make_step(reqs, [1] * len(reqs), ())
+
+    def _take_one_each(self, reqs: list[RequestState]) -> None:
+        """Give each of ``reqs`` one slot (as :meth:`_take` would, one request after another), at once when enough
+        are free."""
+        if len(reqs) > self.free:
+            for req in reqs:
+                self._take(req, 1)
+            return
+        self.free -= len(reqs)
         for req in reqs:
-            self._take(req, 1)
-        return make_step(reqs, [1] * len(reqs))
+            req.kv_held += 1
 
     def _retract(self, reqs: list[RequestState]) -> None:
         """Retract decoding requests until one slot per remaining request is free (at least one retracted)."""

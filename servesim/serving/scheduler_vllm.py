@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from servesim.kernels.batch import PrefillChunk
 from servesim.serving.config import EngineSettings
 from servesim.serving.scheduler import Scheduler
-from servesim.serving.state import RequestState, Step, make_step
+from servesim.serving.state import RequestState, Step, schedule_requests
 
 
 class VllmScheduler(Scheduler):
@@ -94,55 +95,85 @@ class VllmScheduler(Scheduler):
         for req in requests:  # _blocks, inlined: this runs for every request of every fast-forward
             req.kv_held = -(-(req.computed + 1) // block_size) - req.cached_units
 
+    def _allocate(self, req: RequestState, need: int, first: int) -> tuple[bool, bool]:
+        """Give the running ``req`` (at position ``first``) ``need > 0`` more blocks, preempting the newest running
+        requests from ``first`` on while too few are available. Returns whether it got them and whether anything
+        was preempted."""
+        preempted = False
+        while need > self.available:
+            victim = self._preempt_newest(first)
+            preempted = True
+            if victim is None or victim is req:
+                return False, preempted
+        self._take(req, need)
+        return True, preempted
+
     def schedule(self) -> Step | None:
+        """The next step (see the module docstring), its requests marked in flight. The running requests' loop
+        summarises them as it goes, as :func:`~servesim.serving.state.schedule_requests` does for the admitted
+        ones (one pass, attributes read once: it runs for every running request of every step)."""
         budget = self.token_budget
         reqs: list[RequestState] = []
         news: list[int] = []
+        prefills: list[PrefillChunk] = []
+        num_decodes = contexts = longest = 0
         preempted = False
         i = 0
         running = self.running
         block_size = self.block_size
-        schedule_request, schedule_tokens = reqs.append, news.append  # looked up once: this loop is the hot one
+        schedule_request, schedule_tokens = reqs.append, news.append  # looked up once
         while i < len(running) and budget > 0:
             req = running[i]
             i += 1
             if req.in_flight:
                 continue
             computed = req.computed
-            new = req.prompt + req.generated - computed
-            if new > budget:  # a conditional, not min(): this runs for every running request of every step
-                new = budget
-            # the blocks to add, inlined for the same reason
-            need = -(-(computed + new) // block_size) - req.kv_held - req.cached_units
-            while need > 0 and need > self.available:  # need > 0 first: a decode mostly needs no block
-                victim = self._preempt_newest(i - 1)
-                preempted = True
-                if victim is None or victim is req:
-                    break
+            generated = req.generated
+            left = req.prompt + generated - computed
+            new = left if left < budget else budget  # a conditional, not min()
+            need = -(-(computed + new) // block_size) - req.kv_held - req.cached_units  # the blocks to add
+            if need > 0:  # a decode mostly fits the blocks it holds
+                got, preempted_now = self._allocate(req, need, i - 1)
+                preempted = preempted or preempted_now
+                if not got:
+                    break  # this request could not get its blocks: V1 stops scheduling running requests
+            req.in_flight = True
+            schedule_request(req)
+            schedule_tokens(new)
+            budget -= new
+            if left == 1 and generated:  # a decode: its one new token is the last of its sequence
+                num_decodes += 1
+                contexts += computed
+                if computed > longest:
+                    longest = computed
             else:
-                if need:  # a decode mostly fits the blocks it holds
-                    self._take(req, need)
-                schedule_request(req)
-                schedule_tokens(new)
-                budget -= new
-                continue
-            break  # this request could not get its blocks: V1 stops scheduling running requests
+                prefills.append(PrefillChunk(new, computed))
+        admitted: list[RequestState] = []
+        admitted_tokens: list[int] = []
         if not preempted:
             while self.waiting and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
                 if req.reached_s > self.admit_before_s:
                     break
-                admitted = self._admission(req, budget)
-                if admitted is None:
+                admission = self._admission(req, budget)
+                if admission is None:
                     break
-                new, need, path, hit = admitted
+                new, need, path, hit = admission
                 self.admit_hit(req, path, hit)
                 self._take(req, need)
                 self.waiting.popleft()
                 self.running.append(req)
-                reqs.append(req)
-                news.append(new)
+                admitted.append(req)
+                admitted_tokens.append(new)
                 budget -= new
+        if admitted:
+            decodes, context_tokens, max_context, chunks = schedule_requests(admitted, admitted_tokens)
+            num_decodes += decodes
+            contexts += context_tokens
+            longest = max(longest, max_context)
+            prefills += chunks
+            reqs += admitted
+            news += admitted_tokens
         if not reqs:
             return None
-        return make_step(reqs, news)
+        return Step(tuple(reqs), tuple(news), num_decodes, contexts, longest, tuple(prefills), tuple(admitted))

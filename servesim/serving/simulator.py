@@ -107,8 +107,7 @@ class _Replica:
             step, host_start_s = self._schedule(now_s)
             if step is None:
                 break
-            for req in step.requests:
-                req.in_flight = True
+            for req in step.admitted:  # the scheduler marked the step's requests in flight
                 if req.first_scheduled_s < 0:
                     req.first_scheduled_s = now_s
             overhead_us, stages_us = step_time_us(self.step_model, step)

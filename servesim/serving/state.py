@@ -68,7 +68,8 @@ class RequestState:
 class Step:
     """One scheduled engine step (a micro-batch with pipeline parallelism): its requests, the new tokens each
     computes, and the batch the kernels see, summarised: how many requests decode, their total and longest
-    context, and the prompt chunks (new tokens after cached ones)."""
+    context, and the prompt chunks (new tokens after cached ones). ``admitted`` are the requests it takes from the
+    waiting queue, the only ones that can be scheduled for the first time."""
 
     requests: tuple[RequestState, ...]
     new_tokens: tuple[int, ...]
@@ -76,6 +77,7 @@ class Step:
     decode_context_tokens: int
     decode_max_context: int  # 0 without decodes
     prefills: tuple[PrefillChunk, ...]
+    admitted: tuple[RequestState, ...] = ()
 
     def batch(self) -> BatchSpec:
         """The exact batch the kernels see: decodes by context, prompt chunks by (new, cached)."""
@@ -83,11 +85,15 @@ class Step:
         return BatchSpec(prefills=self.prefills, decodes=decodes)
 
 
-def make_step(requests: list[RequestState], new_tokens: list[int]) -> Step:
-    """A step from scheduled requests (before they run: ``computed`` is what the cache holds now)."""
+def schedule_requests(requests: list[RequestState],
+                      new_tokens: list[int]) -> tuple[int, int, int, list[PrefillChunk]]:
+    """Mark scheduled requests in flight and summarise them as a step (before they run: ``computed`` is what the
+    cache holds now): (decodes, their total context, the longest, the prompt chunks). A request decodes when its
+    one new token is the last of its sequence and it has sampled one before."""
     num_decodes = contexts = longest = 0
     prefills = []
     for req, new in zip(requests, new_tokens):
+        req.in_flight = True
         computed = req.computed
         if new == 1 and req.generated and computed == req.prompt + req.generated - 1:
             num_decodes += 1
@@ -96,22 +102,32 @@ def make_step(requests: list[RequestState], new_tokens: list[int]) -> Step:
                 longest = computed
         else:
             prefills.append(PrefillChunk(new, computed))
-    return Step(tuple(requests), tuple(new_tokens), num_decodes, contexts, longest, tuple(prefills))
+    return num_decodes, contexts, longest, prefills
+
+
+def make_step(requests: list[RequestState], new_tokens: list[int], admitted: list[RequestState]) -> Step:
+    """A step from scheduled requests, which it marks in flight (:func:`schedule_requests`); ``admitted`` are
+    those taken from the waiting queue."""
+    num_decodes, contexts, longest, prefills = schedule_requests(requests, new_tokens)
+    return Step(tuple(requests), tuple(new_tokens), num_decodes, contexts, longest, tuple(prefills), tuple(admitted))
 
 
 def finish_step(step: Step, end_s: float) -> list[RequestState]:
     """Apply a completed step: advance computed tokens, emit sampled tokens; return the requests now finished."""
     finished = []
-    for req, new in zip(step.requests, step.new_tokens):
+    for req, new in zip(step.requests, step.new_tokens):  # attributes read once: this runs for every request
         req.in_flight = False
-        req.computed += new
-        if req.computed == req.prompt + req.generated:
-            if not req.generated:
+        computed = req.computed = req.computed + new
+        generated = req.generated
+        if computed == req.prompt + generated:
+            if generated:
+                req.token_times_s[generated] = end_s
+            else:
                 req.first_token_s = end_s
-                req.token_times_s = np.empty(req.output)
-            req.token_times_s[req.generated] = end_s
-            req.generated += 1
-            if req.generated == req.output:
+                times = req.token_times_s = np.empty(req.output)
+                times[0] = end_s
+            generated = req.generated = generated + 1
+            if generated == req.output:
                 finished.append(req)
     return finished
 

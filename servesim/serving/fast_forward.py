@@ -243,7 +243,7 @@ def _commit(batch: RelaunchBatch, scheduler) -> None:
     done = len(batch.times_s)
     step = batch.step
     requests = step.requests
-    times_s = np.array(batch.times_s)
+    times_s = batch.times_s
     for req in requests:
         req.token_times_s[req.generated:req.generated + done] = times_s
         req.computed += done

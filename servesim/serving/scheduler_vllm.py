@@ -133,10 +133,14 @@ class VllmScheduler(Scheduler):
             new = left if left < budget else budget  # a conditional, not min()
             need = -(-(computed + new) // block_size) - req.kv_held - req.cached_units  # the blocks to add
             if need > 0:  # a decode mostly fits the blocks it holds
-                got, preempted_now = self._allocate(req, need, i - 1)
-                preempted = preempted or preempted_now
-                if not got:
-                    break  # this request could not get its blocks: V1 stops scheduling running requests
+                if need <= self.free:  # _take without eviction, inlined
+                    self.free -= need
+                    req.kv_held += need
+                else:
+                    got, preempted_now = self._allocate(req, need, i - 1)
+                    preempted = preempted or preempted_now
+                    if not got:
+                        break  # this request could not get its blocks: V1 stops scheduling running requests
             req.in_flight = True
             schedule_request(req)
             schedule_tokens(new)

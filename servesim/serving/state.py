@@ -39,10 +39,11 @@ class RequestState:
         self.kv_held = 0  # KV units held: vLLM blocks, SGLang token slots
         self.first_scheduled_s = -1.0
         self.first_token_s = -1.0
-        # Token k of this request is sampled at token_times_s[k]: a float64 buffer of its output length (known in
-        # advance), made at its first token, so that a request still waiting holds none; the run's RequestLog takes
-        # what it needs of it when the request finishes.
-        self.token_times_s: np.ndarray | None = None
+        # Token k of this request is sampled at token_times_s[k]: a list of its output length (known in advance),
+        # made at its first token, so that a request still waiting holds none; the run's RequestLog takes what it
+        # needs of it when the request finishes. A list, not an array: a token's time is stored for every request
+        # of every step, and a list item is several times quicker to set than an array element.
+        self.token_times_s: list[float] | None = None
         self.preemptions = 0
         self.in_flight = False  # part of a micro-batch still in the pipeline
         # Prompt identity (servesim/workloads/prefix.py), None without it; the prefix-cache nodes the request
@@ -124,7 +125,7 @@ def finish_step(step: Step, end_s: float) -> list[RequestState]:
                 req.token_times_s[generated] = end_s
             else:
                 req.first_token_s = end_s
-                times = req.token_times_s = np.empty(req.output)
+                times = req.token_times_s = [0.0] * req.output
                 times[0] = end_s
             generated = req.generated = generated + 1
             if generated == req.output:
@@ -239,7 +240,7 @@ class RequestLog:
 
     def finish(self, req: RequestState) -> None:
         """Record a request that has sampled its last token."""
-        rid, times = req.rid, req.token_times_s
+        rid, times = req.rid, np.array(req.token_times_s)
         self.issue_s[rid] = req.issue_s
         self.first_scheduled_s[rid] = req.first_scheduled_s
         self.first_token_s[rid] = req.first_token_s

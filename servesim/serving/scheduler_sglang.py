@@ -26,6 +26,7 @@ can be prefilled; after a prefill batch, and on an idle engine (whose loop spins
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -38,6 +39,8 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
 CLIP_MAX_NEW_TOKENS = 4096
+
+_output, _generated = attrgetter("output"), attrgetter("generated")
 
 
 class SglangScheduler(Scheduler):
@@ -118,8 +121,15 @@ class SglangScheduler(Scheduler):
         return step
 
     def _reserved_tokens(self) -> float:
-        """Future tokens held back for the running requests' outputs."""
-        left = sum(min(r.output - r.generated, CLIP_MAX_NEW_TOKENS) for r in self.running)
+        """Future tokens held back for the running requests' outputs. Summed as total output less total generated
+        (attributes gathered in C, several times quicker than a Python loop over the requests) unless an output is
+        long enough to be clipped."""
+        running = self.running
+        outputs = list(map(_output, running))
+        if not outputs or max(outputs) <= CLIP_MAX_NEW_TOKENS:
+            left = sum(outputs) - sum(map(_generated, running))
+        else:
+            left = sum(min(r.output - r.generated, CLIP_MAX_NEW_TOKENS) for r in running)
         return left * self.new_token_ratio
 
     def _prefill_step(self) -> Step | None:

@@ -81,12 +81,10 @@ def test_inferencex_rows_keep_their_own_launch_flags(rows: pd.DataFrame, model_i
 def test_unbuildable_rows_are_reported_with_a_reason(rows: pd.DataFrame) -> None:
     cases, skipped = silicon_cases(rows)
     assert len(cases) + len(skipped) == len(rows)
-    reasons = {s.model_id: s.reason for s in skipped}
-    assert "no servesim preset for zhipuai/GLM-5" in reasons["zhipuai/GLM-5"]
     assert all(isinstance(s, Skipped) and s.reason for s in skipped)
-    # The three dense model families of the accuracy bar are all replayable.
+    # The three dense model families of the accuracy bar are all replayable, and GLM-5 (DeepSeek Sparse Attention).
     replayable = {c.preset for c in cases}
-    assert {"llama3.1-8b", "llama3.1-70b", "qwen3-32b"} <= replayable
+    assert {"llama3.1-8b", "llama3.1-70b", "qwen3-32b", "glm-5"} <= replayable
 
 
 def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
@@ -94,7 +92,7 @@ def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
     assert preset_for("meta-llama/Llama-3.1-70B") == "llama3.1-70b"
     assert preset_for("Qwen/Qwen3-32B") == "qwen3-32b"
     assert preset_for("moonshotai/Kimi-K2.5") == "kimi-k2.5"
-    assert preset_for("zhipuai/GLM-5") is None
+    assert preset_for("zhipuai/GLM-5") == "glm-5"
 
 
 def test_calibration_predictions_equal_a_resimulation(rows: pd.DataFrame) -> None:

@@ -34,7 +34,7 @@ _DECOMPOSERS = {
     "moe_marlin": decompose_marlin_moe,
     **{c: decompose_rowwise for c in ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "kv_write", "quant",
                                       "embedding", "router_topk", "sampling", "gdn_prefill",
-                                      "gdn_decode", "conv1d")},
+                                      "gdn_decode", "conv1d", "index_topk")},
 }
 
 

@@ -14,6 +14,7 @@ from servesim.kernels.types import (
     Embedding,
     GatedDeltaRuleChunk,
     GatedDeltaRuleDecode,
+    IndexTopK,
     Kernel,
     KvWrite,
     Quantize,
@@ -69,6 +70,10 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
     if isinstance(kernel, Sampling):
         # FlashInfer sampling.cuh: grid(batch), block(1024); one exp per logit for the softmax.
         return kernel.rows, 1024, float(kernel.vocab), 2 * 4 * 32, "FlashInfer sampling.cuh"
+    if isinstance(kernel, IndexTopK):
+        # sgl-kernel csrc/elementwise/topk.cu (fast_topk_transform_fused): one 1024-thread CTA per query row, its
+        # radix histogram in shared memory.
+        return kernel.rows, 1024, 0.0, 4 * 256, "sgl-kernel topk.cu"
     if isinstance(kernel, GatedDeltaRuleDecode):
         # fla fused_recurrent_gated_delta_rule: a CTA per (token, value head, 32-wide V block), each walking its
         # slice of the head's state (surrogate: one uniform CTA of 128 threads per token and value head).

@@ -31,6 +31,7 @@ from servesim.kernels.types import (
     GatedDeltaRuleChunk,
     GatedDeltaRuleDecode,
     Gemm,
+    IndexTopK,
     Kernel,
     KvWrite,
     MarlinMoE,
@@ -483,6 +484,8 @@ def _mla_layer(ctx: _Ctx, layer: int) -> list[Op]:
         ops += ctx.linear("q_proj", n=h * qk, k=model.hidden_size)
         ops += ctx.linear("kv_a_proj_with_mqa", n=model.mla_latent_dim, k=model.hidden_size)
     ops += [RMSNorm(rows=t, dim=model.kv_lora_rank, dtype=ctx.act, name="kv_a_layernorm")]
+    if model.is_dsa:
+        ops += _dsa_indexer(ctx)
     if model.q_lora_rank:
         ops += ctx.linear("q_b_proj", n=h * qk, k=model.q_lora_rank)
     ops += [
@@ -490,7 +493,7 @@ def _mla_layer(ctx: _Ctx, layer: int) -> list[Op]:
              name="rotary_emb"),
         KvWrite(tokens=ctx.batch.num_tokens, num_kv_heads=1, head_dim=model.mla_latent_dim, dtype=ctx.act,
                 kv_dtype=ctx.kv, kv_shared=True, name="kv_cache_write"),
-        *_mla_attention(ctx),
+        *(_dsa_attention(ctx) if model.is_dsa else _mla_attention(ctx)),
         *ctx.linear("o_proj", n=model.hidden_size, k=h * model.v_head_dim),
         *ctx.all_reduce("attn.all_reduce"),
         AddRMSNorm(rows=t, dim=model.hidden_size, dtype=ctx.act, name="post_attention_layernorm"),
@@ -526,48 +529,69 @@ def _mla_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     With the decode step graphed, its kernels see the padded batch. ``lengths_only``: only the kernels whose
     shapes follow the requests' lengths rather than the step's token and request counts (the attention kernels and
     the context's expansion), which :func:`step_part` times apart."""
-    batch, model = ctx.batch, ctx.model
-    h, v = ctx.heads, model.v_head_dim
+    batch = ctx.batch
     page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
     common = dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
     decodes = len(batch.decodes)
-    ops: list[Kernel] = []
-    if decodes:
-        rows = ctx.tokens if batch.is_decode_only else decodes
-        ops += [
-            Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
-                 name="q_nope.W_UK_T (bmm)"),
-            AttentionDecode(kv_lens=batch.kv_lens[:decodes], num_heads=h, num_kv_heads=1,
-                            head_dim=model.mla_latent_dim, v_head_dim=model.kv_lora_rank, kv_shared=True,
-                            name="attn.decode (latent MQA)", **common),
-            Gemm(m=rows, n=h * v, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act, name="W_UV (bmm)"),
-        ]
+    ops = _mla_decode(ctx, common, batch.kv_lens[:decodes]) if decodes else []
     prefill, context = ([], []) if batch.is_decode_only else _mla_prefill(ctx, common)
     if lengths_only:
         return [op for op in ops + prefill if isinstance(op, (AttentionPrefill, AttentionDecode))] + context
     return ops + prefill + context
 
 
+def _mla_decode(ctx: _Ctx, common: dict, kv_lens: tuple[int, ...]) -> list[Kernel]:
+    """The decoding requests' part of :func:`_mla_attention`, each attending to ``kv_lens`` cached latents."""
+    model, h = ctx.model, ctx.heads
+    rows = ctx.tokens if ctx.batch.is_decode_only else len(kv_lens)
+    sparse = "sparse " if model.is_dsa else ""
+    return [
+        Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
+             name="q_nope.W_UK_T (bmm)"),
+        AttentionDecode(kv_lens=kv_lens, num_heads=h, num_kv_heads=1, head_dim=model.mla_latent_dim,
+                        v_head_dim=model.kv_lora_rank, kv_shared=True, name=f"attn.decode ({sparse}latent MQA)",
+                        **common),
+        Gemm(m=rows, n=h * model.v_head_dim, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
+             name="W_UV (bmm)"),
+    ]
+
+
 def _mla_prefill(ctx: _Ctx, common: dict) -> tuple[list[Kernel], list[Kernel]]:
     """The prompt chunks' part of :func:`_mla_attention`: the kernels over their new tokens, and those over their
     cached context (its expansion and attention)."""
-    batch, model = ctx.batch, ctx.model
-    h, qk, v = ctx.heads, model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    batch = ctx.batch
     decodes = len(batch.decodes)
     query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
     prefix = sum(kv) - sum(query)
     absorbs = ctx.engine.name == "sglang" and ctx.backend != "trtllm_mha"
     if absorbs and 0 < prefix < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD:
-        rows = sum(query)
-        return [
-            Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
-                 name="q_nope.W_UK_T (bmm, prefill)"),
-            AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=h, num_kv_heads=1,
-                             head_dim=model.mla_latent_dim, v_head_dim=model.kv_lora_rank, kv_shared=True,
-                             name="attn.prefill (latent MQA)", **common),
-            Gemm(m=rows, n=h * v, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
-                 name="W_UV (bmm, prefill)"),
-        ], []
+        return _mla_absorbed_prefill(ctx, common, query, kv), []
+    return _mla_prefill_mha(ctx, common, query, kv)
+
+
+def _mla_absorbed_prefill(ctx: _Ctx, common: dict, query: tuple[int, ...], kv: tuple[int, ...],
+                          window: int = 0) -> list[Kernel]:
+    """Prompt chunks in MLA's absorbed form: W_UK, an MQA of the chunks' queries over the cached latents (each query
+    over at most ``window`` of them when > 0: DSA's top-k), W_UV."""
+    model, h, rows = ctx.model, ctx.heads, sum(query)
+    sparse = " sparse" if window else ""
+    return [
+        Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
+             name="q_nope.W_UK_T (bmm, prefill)"),
+        AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=h, num_kv_heads=1, head_dim=model.mla_latent_dim,
+                         v_head_dim=model.kv_lora_rank, kv_shared=True, window=window,
+                         name=f"attn.prefill ({sparse.strip() or 'latent'} MQA)", **common),
+        Gemm(m=rows, n=h * model.v_head_dim, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
+             name="W_UV (bmm, prefill)"),
+    ]
+
+
+def _mla_prefill_mha(ctx: _Ctx, common: dict, query: tuple[int, ...],
+                     kv: tuple[int, ...]) -> tuple[list[Kernel], list[Kernel]]:
+    """Prompt chunks in MLA's MHA form: kv_b_proj and a ragged causal attention over the new tokens; for a chunk
+    with cached context, the context's expansion and an unmasked attention over it (see :func:`_mla_attention`)."""
+    model, h = ctx.model, ctx.heads
+    qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
     kv_b = h * (model.qk_nope_head_dim + v)
     ops: list[Kernel] = ctx.linear("kv_b_proj", n=kv_b, k=model.kv_lora_rank, rows=sum(query))
     ops.append(AttentionPrefill(query_lens=query, kv_lens=query, kv_layout="ragged", num_heads=h, num_kv_heads=h,
@@ -580,6 +604,108 @@ def _mla_prefill(ctx: _Ctx, common: dict) -> tuple[list[Kernel], list[Kernel]]:
                                         causal=False, kv_layout="ragged", num_heads=h, num_kv_heads=h, head_dim=qk,
                                         v_head_dim=v, name="attn.prefill context", **common))
     return ops, context
+
+
+#: Tokens a page of DSA's indexer key cache holds (DeepGEMM's paged MQA logits take 64-token blocks).
+INDEXER_PAGE_TOKENS = 64
+#: GPU architectures on which SGLang's NSA backend runs a short prompt-only batch in the MHA form (SM90 with FA3,
+#: SM100 with TRT-LLM ragged attention; ``handle_attention_nsa`` in ``srt/models/deepseek_v2.py``).
+_NSA_MHA_ARCHITECTURES = ("hopper", "blackwell")
+
+
+def _dsa_keys_only(ctx: _Ctx) -> bool:
+    """SGLang's indexer fast path (``Indexer._forward_cuda_k_only``, ``srt/layers/attention/nsa/nsa_indexer.py``):
+    a prompt-only batch whose longest request has at most ``index_topk`` keys keeps every key anyway, so the indexer
+    only computes and caches its keys (no queries, logits or top-k). vLLM's ``Indexer`` always scores."""
+    batch = ctx.batch
+    return ctx.engine.name == "sglang" and not batch.decodes and max(batch.kv_lens) <= ctx.model.index_topk
+
+
+def _dsa_indexer(ctx: _Ctx) -> list[Kernel]:
+    """DSA's lightning indexer, the kernels over the step's tokens (SGLang ``Indexer`` in
+    ``srt/layers/attention/nsa/nsa_indexer.py``, release 0.5.5 on; vLLM ``Indexer`` in
+    ``model_executor/models/deepseek_v2.py``): its linears are replicated on every TP rank (``ReplicatedLinear``):
+    wq_b takes the normed query LoRA to ``index_n_heads`` heads of ``index_head_dim`` (quantised as the model's
+    linears), wk the hidden states to one key, weights_proj (16-bit) the hidden states to one gate per head; the
+    key's LayerNorm (timed as an RMSNorm: one pass over the same bytes), the rotary embedding of the first
+    ``qk_rope_head_dim`` values of each query head and of the key, FP8 quantisation with one scale per 128 values,
+    and the key's write to the indexer cache. On SGLang's keys-only path (:func:`_dsa_keys_only`) only the key's
+    kernels run. The Hadamard rotation of queries and keys (``rotate_activation``) is not modelled."""
+    model, t = ctx.model, ctx.tokens
+    heads, dim = (0 if _dsa_keys_only(ctx) else model.index_n_heads), model.index_head_dim
+    ops: list[Kernel] = ctx.linear("indexer.wq_b", n=heads * dim, k=model.q_lora_rank) if heads else []
+    ops += ctx.linear("indexer.wk", n=dim, k=model.hidden_size)
+    if heads:
+        ops.append(Gemm(m=t, n=heads, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act,
+                        name="indexer.weights_proj"))
+    return ops + [
+        RMSNorm(rows=t, dim=dim, dtype=ctx.act, name="indexer.k_norm (LayerNorm)"),
+        Rope(tokens=t, num_heads=heads, num_kv_heads=1, head_dim=model.qk_rope_head_dim, dtype=ctx.act,
+             name="indexer.rotary_emb"),
+        Quantize(rows=t * (heads + 1), cols=dim, group=128, in_dtype=ctx.act, engine=ctx.engine.name,
+                 name="indexer.act_quant"),
+        KvWrite(tokens=ctx.batch.num_tokens, num_kv_heads=1, head_dim=dim, dtype="fp8", kv_dtype="fp8",
+                kv_shared=True, name="indexer.k_cache_write"),
+    ]
+
+
+def _causal_keys(query_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> int:
+    """Keys all the queries of causal prompt chunks see together, each its own and every earlier one."""
+    return sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(query_lens, kv_lens))
+
+
+def _dsa_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
+    """DSA's attention between the cache write and o_proj: the indexer scores every cached key for each query, keeps
+    the top ``index_topk``, and MLA attends to those only (SGLang ``nsa_backend.py`` with FlashMLA's sparse kernels;
+    vLLM ``v1/attention/backends/mla/flashmla_sparse.py`` and its indexer backend):
+
+    - the indexer's logits: an FP8 MQA of its ``index_n_heads`` query heads over the cached 128-wide FP8 keys, each
+      head's ReLU'd score weighted by its gate (DeepGEMM ``fp8_paged_mqa_logits`` for decodes,
+      ``fp8_mqa_logits`` over the gathered keys for prompt chunks); timed by the attention categories as an MQA
+      over those keys (kv_shared: each key read once), whose time, like the kernel's, follows the keys it reads;
+    - the top-k (:class:`IndexTopK`) over each query's logits;
+    - sparse MLA in the absorbed form over ``min(keys, index_topk)`` keys per query: a decode is the latent MQA of
+      :func:`_mla_attention` over that many keys, a prompt chunk's the absorbed prefill with every query seeing at
+      most ``index_topk`` keys (the attended pairs of a causal window of that width; the sparse kernel gathers them
+      wherever they are).
+
+    SGLang runs a prompt-only batch whose longest request has at most ``index_topk`` keys in MLA's MHA form on
+    Hopper and Blackwell with a 16-bit KV cache (``handle_attention_nsa``), its indexer keys-only
+    (:func:`_dsa_keys_only`). ``lengths_only`` as in :func:`_mla_attention`."""
+    batch, model = ctx.batch, ctx.model
+    page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
+    common = dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
+    keys_only = _dsa_keys_only(ctx)
+    if keys_only and ctx.gpu.architecture in _NSA_MHA_ARCHITECTURES and ctx.kv == ctx.act:
+        prefill, context = _mla_prefill_mha(ctx, common, batch.query_lens, batch.kv_lens)
+        if lengths_only:
+            return [op for op in prefill if isinstance(op, AttentionPrefill)] + context
+        return prefill + context
+    index = dict(num_heads=model.index_n_heads, num_kv_heads=1, head_dim=model.index_head_dim, kv_shared=True,
+                 page_size=INDEXER_PAGE_TOKENS, backend=ctx.backend, dtype="fp8", kv_dtype="fp8")
+    decodes = len(batch.decodes)
+    ops: list[Kernel] = []
+    if decodes:
+        kv = batch.kv_lens[:decodes]
+        ops += [
+            AttentionDecode(kv_lens=kv, name="indexer.logits (paged FP8 MQA)", **index),
+            IndexTopK(rows=decodes, keys=sum(kv), top_k=model.index_topk, name="indexer.topk"),
+        ]
+        ops += _mla_decode(ctx, common, tuple(model.attended_keys(k) for k in kv))
+    if batch.prefills:
+        query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
+        if not keys_only:
+            ops += [
+                AttentionPrefill(query_lens=query, kv_lens=kv, kv_layout="ragged", name="indexer.logits (FP8 MQA)",
+                                 **index),
+                IndexTopK(rows=sum(query), keys=_causal_keys(query, kv), top_k=model.index_topk,
+                          name="indexer.topk"),
+            ]
+        window = model.index_topk if max(kv) > model.index_topk else 0
+        ops += _mla_absorbed_prefill(ctx, common, query, kv, window)
+    if lengths_only:
+        return [op for op in ops if isinstance(op, (AttentionPrefill, AttentionDecode, IndexTopK))]
+    return ops
 
 
 def _qk_norm(ctx: _Ctx) -> list[Op]:
@@ -805,6 +931,8 @@ def step_part(
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
     if part == "sampled_rows":
         return tuple(_sampled_rows(ctx, plan))
+    if model.is_dsa:  # the indexer's logits and top-k, the sparse attention kernels
+        return tuple(_dsa_attention(ctx, lengths_only=True))
     if model.is_mla:  # the attention kernels and the expansions of the cached context
         return tuple(_mla_attention(ctx, lengths_only=True))
     return tuple(op for layer in range(model.attention_cycle_layers) if not model.is_linear_layer(layer)

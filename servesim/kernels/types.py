@@ -611,6 +611,29 @@ class Sampling(Kernel):
         return f"{self.rows}x{self.vocab}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class IndexTopK(Kernel):
+    """DeepSeek Sparse Attention's top-k: each of ``rows`` queries keeps the ``top_k`` highest of its FP32 indexer
+    logits (``keys`` of them over all queries) and writes their int32 token positions (SGLang
+    ``fast_topk_transform_fused``, sgl-kernel ``csrc/elementwise/topk.cu``; vLLM ``top_k_per_row``): a radix
+    select, a few passes over each row's logits."""
+
+    category: ClassVar[str] = "index_topk"
+    dtype: str = "fp32"
+    rows: int
+    keys: int  # logits over all rows
+    top_k: int
+
+    def flops(self) -> float:
+        return 4.0 * self.keys  # histogram and compare passes over every logit
+
+    def bytes_moved(self) -> float:
+        return self.keys * dtype_bytes(self.dtype) + self.rows * self.top_k * 4
+
+    def shape(self) -> str:
+        return f"{self.rows} rows {self.keys} logits top{self.top_k}"
+
+
 #: Tokens per chunk of the chunked gated delta rule (fla ``chunk_gated_delta_rule``: ``BT = 64``).
 GDN_CHUNK_TOKENS = 64
 
@@ -751,6 +774,9 @@ KERNEL_TYPES: dict[str, type[Kernel]] = {
         Sampling,
     )
 }
+#: DeepSeek Sparse Attention's kernels without a kernel type of their own elsewhere (DeepSeek-V3.2, GLM-5), by
+#: category; tested in tests/test_models_dsa.py.
+DSA_KERNEL_TYPES: dict[str, type[Kernel]] = {IndexTopK.category: IndexTopK}
 #: The linear-attention kernels (Qwen3-Next, Qwen3.5), by category; their bounds are tested in
 #: tests/test_models_hybrid.py.
 LINEAR_ATTENTION_KERNEL_TYPES: dict[str, type[Kernel]] = {

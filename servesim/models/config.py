@@ -11,17 +11,25 @@ from servesim.errors import ServesimError
 
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss",
-                         "deepseek_v3", "kimi_k2", "kimi_k25", "qwen3_next", "qwen3_5_moe")
+                         "deepseek_v3", "kimi_k2", "kimi_k25", "deepseek_v32", "glm_moe_dsa", "qwen3_next",
+                         "qwen3_5_moe")
 #: Multi-head latent attention and DeepSeekMoE (DeepSeek-V3/R1; Kimi-K2 and the text model of Kimi-K2.5, whose
 #: ``text_config`` is a DeepSeek-V3 config): vLLM and SGLang ``models/deepseek_v2.py``.
-_MLA_TYPES = ("deepseek_v3", "kimi_k2")
+_MLA_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
+#: MLA with DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a lightning indexer picks each query's top
+#: ``index_topk`` cached tokens and MLA attends to those only (SGLang ``srt/layers/attention/nsa/nsa_indexer.py``;
+#: vLLM ``models/deepseek_v2.py`` ``Indexer``).
+_DSA_TYPES = ("deepseek_v32", "glm_moe_dsa")
+#: Bytes one token's indexer key takes in the cache: FP8 values plus one FP32 scale per 128 (SGLang's
+#: ``NSATokenToKVPool``: ``index_head_dim + index_head_dim // 128 * 4``, 132 for 128-wide keys).
+INDEX_K_QUANT_BLOCK = 128
 #: Hybrid linear attention (Qwen3-Next, the text model of Qwen3.5-MoE): Gated DeltaNet layers with a recurrent
 #: state, every ``full_attention_interval``-th layer gated full attention, sparse MoE with a gated shared expert
 #: (vLLM ``models/qwen3_next.py``, ``models/qwen3_5.py``; SGLang ``srt/models/qwen3_next.py``).
 _HYBRID_LINEAR_TYPES = ("qwen3_next", "qwen3_5_moe_text")
 #: Multimodal wrappers whose ``text_config`` holds the language model servesim times (the vision tower is left
 #: out), with the text model types servesim reads there.
-_TEXT_CONFIG_TYPES = {"kimi_k25": _MLA_TYPES, "qwen3_5_moe": ("qwen3_5_moe_text",)}
+_TEXT_CONFIG_TYPES = {"kimi_k25": ("deepseek_v3", "kimi_k2"), "qwen3_5_moe": ("qwen3_5_moe_text",)}
 #: Architectures whose ``intermediate_size`` is each expert's width, every layer being MoE.
 _ALL_MOE_TYPES = ("mixtral", "minimax_m2", "gpt_oss")
 #: Per-head RMSNorm of Q and K over ``head_dim`` (Qwen3).
@@ -104,6 +112,11 @@ class ModelConfig:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     linear_state_dtype: str = "bf16"  # the recurrent (SSM) state's dtype, the config's ``mamba_ssm_dtype``
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): zero without. The indexer's heads score every cached token
+    # for each query with its own FP8 key cache; MLA then attends to the top ``index_topk`` only.
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -118,6 +131,28 @@ class ModelConfig:
     def mla_latent_dim(self) -> int:
         """Elements one token's MLA cache entry holds in one layer (the latent and the shared rotary key)."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def is_dsa(self) -> bool:
+        """DeepSeek Sparse Attention: MLA over each query's ``index_topk`` indexer-chosen keys."""
+        return self.index_topk > 0
+
+    @property
+    def index_k_bytes(self) -> float:
+        """Bytes one token's indexer key takes in one layer's cache: FP8 values and an FP32 scale per block."""
+        return self.index_head_dim * (1 + 4 / INDEX_K_QUANT_BLOCK) if self.is_dsa else 0.0
+
+    def attended_keys(self, kv_len: int) -> int:
+        """Keys one query with ``kv_len`` keys before and at it attends to: all of them, or DSA's top-k."""
+        return min(kv_len, self.index_topk) if self.is_dsa else kv_len
+
+    def indexer_params(self) -> int:
+        """The indexer's weights in one layer: wq_b (query LoRA to its heads), wk (hidden to one key), k_norm (a
+        LayerNorm's weight and bias) and weights_proj (hidden to one gate per head)."""
+        if not self.is_dsa:
+            return 0
+        heads, dim = self.index_n_heads, self.index_head_dim
+        return self.q_lora_rank * heads * dim + self.hidden_size * dim + 2 * dim + self.hidden_size * heads
 
     @property
     def shared_expert_intermediate_size(self) -> int:
@@ -200,7 +235,7 @@ class ModelConfig:
             q = self.hidden_size * heads * qk
         kv = self.hidden_size * self.mla_latent_dim + self.kv_lora_rank
         kv += self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-        return q + kv + heads * self.v_head_dim * self.hidden_size
+        return q + kv + heads * self.v_head_dim * self.hidden_size + self.indexer_params()
 
     def attention_params_per_layer(self) -> int:
         if self.is_mla:
@@ -261,11 +296,11 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
         """KV-cache bytes one token occupies across the whole model (K and V, every layer; MLA: the one latent of
-        ``mla_latent_dim`` values a layer). Sliding-window layers keep only their window's tokens, so a long context
-        costs less (servesim/models/memory.py)."""
+        ``mla_latent_dim`` values a layer, plus DSA's indexer key). Sliding-window layers keep only their window's
+        tokens, so a long context costs less (servesim/models/memory.py)."""
         layers = self.num_layers - len(self.linear_layer_indices)  # linear layers keep a state, not KV
         if self.is_mla:
-            return layers * self.mla_latent_dim * kv_dtype_bytes
+            return layers * (self.mla_latent_dim * kv_dtype_bytes + self.index_k_bytes)
         return 2 * layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
     def linear_state_bytes(self, state_dtype_bytes: float, conv_dtype_bytes: float = 2) -> float:
@@ -346,7 +381,7 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
                             f"attention heads; give head_dim")
     head_dim = _count(_first(cfg, "head_dim", default=hidden // heads), "head_dim", source)
 
-    mla = _mla_fields(cfg, source) if model_type in _MLA_TYPES else {}
+    mla = _mla_fields(cfg, source, model_type in _DSA_TYPES) if model_type in _MLA_TYPES else {}
     if mla:
         head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
         kv_heads = heads  # the prefill (MHA) form: every query head has its own K and V
@@ -445,12 +480,19 @@ def _linear_fields(cfg: Mapping[str, Any], layers: int, source: str) -> dict[str
                 n_shared_experts=1 if shared else 0, shared_expert_gate=bool(shared))
 
 
-def _mla_fields(cfg: Mapping[str, Any], source: str) -> dict[str, int]:
-    """The MLA and DeepSeekMoE keys of a DeepSeek-V3-style config (``q_lora_rank`` may be null: no query LoRA)."""
+def _mla_fields(cfg: Mapping[str, Any], source: str, dsa: bool) -> dict[str, int]:
+    """The MLA and DeepSeekMoE keys of a DeepSeek-V3-style config (``q_lora_rank`` may be null: no query LoRA),
+    and with ``dsa`` the indexer's (``index_n_heads``, ``index_head_dim``, ``index_topk``)."""
     fields = {key: _count(cfg.get(key), key, source)
               for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
     q_lora = cfg.get("q_lora_rank")
     fields["q_lora_rank"] = 0 if q_lora is None else _count(q_lora, "q_lora_rank", source)
+    if dsa:
+        fields |= {key: _count(cfg.get(key), key, source) for key in ("index_n_heads", "index_head_dim", "index_topk")}
+        if not fields["q_lora_rank"] or fields["index_head_dim"] % INDEX_K_QUANT_BLOCK:
+            raise ServesimError(f"model config {source!r}: DeepSeek Sparse Attention needs a q_lora_rank (the "
+                                f"indexer's queries come from it) and an index_head_dim that is a multiple of "
+                                f"{INDEX_K_QUANT_BLOCK}")
     if cfg.get("n_routed_experts"):
         fields["n_shared_experts"] = int(cfg.get("n_shared_experts") or 0)
         groups = int(cfg.get("n_group") or 1)

@@ -109,6 +109,9 @@ def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, lin
     norms = 2 * hidden + model.q_lora_rank + model.kv_lora_rank
     linear = replicated + split
     other_bytes = (norms + kv_b) * 2
+    if model.is_dsa:  # the indexer, replicated: wq_b and wk quantised as the linears, weights_proj and k_norm 16-bit
+        linear += model.q_lora_rank * model.index_n_heads * model.index_head_dim + hidden * model.index_head_dim
+        other_bytes += (hidden * model.index_n_heads + 2 * model.index_head_dim) * 2
     experts = 0.0
     if model.is_moe_layer(layer):
         experts = model.num_experts * 3 * hidden * model.moe_intermediate_size / tp
@@ -144,9 +147,10 @@ def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weigh
 
 def _kv_bytes_per_token_of_layers(model: ModelConfig, par: Parallelism, layers: int, kv_dtype: str) -> float:
     """K and V of ``layers`` layers, split by TP over the KV heads; MLA's latent is whole on every GPU (each TP rank
-    caches every token's ``kv_lora_rank + qk_rope_head_dim`` values, as the engines' MLA backends do)."""
+    caches every token's ``kv_lora_rank + qk_rope_head_dim`` values, as the engines' MLA backends do), and so is
+    DSA's indexer key (FP8 and its scales whatever the KV dtype: SGLang ``NSATokenToKVPool``)."""
     if model.is_mla:
-        return layers * model.mla_latent_dim * dtype_bytes(kv_dtype)
+        return layers * (model.mla_latent_dim * dtype_bytes(kv_dtype) + model.index_k_bytes)
     return 2 * layers * kv_heads_per_gpu(model, par.tp) * model.head_dim * dtype_bytes(kv_dtype)
 
 

@@ -37,6 +37,7 @@ CHECKPOINT_PRESETS: Mapping[str, str] = {
     "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b",
     "mistralai/Mistral-Nemo-Base-2407": "mistral-nemo-12b",
     "01-ai/Yi-34B-Chat": "yi-34b",
+    "zhipuai/GLM-5": "glm-5",
 }
 
 

@@ -1,0 +1,70 @@
+"""Wall time of the commands the "Speed" issue tracks (docs/performance.md, "Speed"), each in its own process.
+
+    .venv/bin/python benchmarks/bench_speed.py [--only simulate-100k,readme-plan,...] [--repeat 1]
+
+Runs each command as ``servesim ARGS --json`` with the step store (servesim/planner/step_store.py) in a fresh
+temporary folder, so that runs on different code or machines compare: a plan runs once to fill the store (its time
+is the "empty store" figure) and then ``--repeat`` times more with it filled; a simulate, which does not use the
+store, runs ``--repeat`` times. numba's cache is whatever the installation has: run any command once after
+installing. Prints one row per command: the median wall time of the repeats and the empty-store time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from servesim.cli.output import Column, render_table
+
+CLI = "import sys; from servesim.cli import main; sys.argv[0] = 'servesim'; sys.exit(main())"
+#: name -> the servesim arguments (``--json`` is added).
+COMMANDS = {
+    "simulate-100k": "simulate --model qwen3-8b --workload splitwise-conv --qps 20 -n 100000",
+    "simulate-help-vllm": "simulate --model llama3-8b --gpu H100 --workload splitwise-conv --qps 4 -n 2000",
+    "simulate-help-sglang": "simulate --model llama3-70b --tp 4 --engine sglang --workload fixed:1024:256 "
+                            "--concurrency 16",
+    "simulate-prefix-sglang": "simulate --model qwen3-8b --gpu H100 --engine sglang --workload chat-shared-prefix "
+                              "--qps 8 -n 2000",
+    "readme-plan": "plan --model llama3-70b --tp 4 --gpus H100,H20",
+    "four-gpu-plan": "plan --model llama3-70b --gpus H100,H200,H20,A100 --qps 20 --ttft-p90 2000 --tpot-p99 100",
+}
+COLUMNS = (
+    Column("command", "command", "", "<"),
+    Column("wall_s", "wall (s)", ".1f"),
+    Column("empty_store_s", "empty store (s)", ".1f"),
+)
+
+
+def wall_s(args: str, store: str) -> float:
+    """Seconds ``servesim ARGS --json`` takes in a child process with the step store in ``store``."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", CLI, *args.split(), "--json"], check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "SERVESIM_CACHE_DIR": store})
+    return time.perf_counter() - start
+
+
+def measure(args: str, repeat: int) -> dict:
+    """The command's row: median wall time of ``repeat`` runs, after one that fills the store for a plan."""
+    with tempfile.TemporaryDirectory() as store:
+        empty_s = wall_s(args, store) if args.startswith("plan") else None
+        times = [wall_s(args, store) for _ in range(repeat)]
+    return {"command": f"servesim {args}", "wall_s": statistics.median(times),
+            "empty_store_s": empty_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(COMMANDS), help=f"Comma-separated of {', '.join(COMMANDS)}.")
+    parser.add_argument("--repeat", type=int, default=1, help="Timed runs per command (after a plan's first).")
+    args = parser.parse_args()
+    rows = [measure(COMMANDS[name], args.repeat) for name in args.only.split(",")]
+    print(render_table(rows, COLUMNS))
+
+
+if __name__ == "__main__":
+    main()

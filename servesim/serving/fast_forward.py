@@ -41,13 +41,15 @@ class RelaunchBatch:
 
     __slots__ = ("step", "end_s", "context_tokens", "max_context", "span", "blocks", "limit", "times_s")
 
-    def __init__(self, step: Step, end_s: float, blocks: np.ndarray) -> None:
+    def __init__(self, step: Step, end_s: float) -> None:
         self.step = step
         self.end_s = end_s
         self.context_tokens = step.decode_context_tokens + step.num_decodes  # at the next launch
         self.max_context = step.decode_max_context + 1
         self.span: DecodeSpan | None = None  # the step times of its current context, while they last
-        self.blocks = blocks.tolist()
+        # The KV blocks of each launch in turn, from its next launch on (:func:`_blocks`); None until first needed,
+        # which most batches of a busy engine never are: one of their requests finishes at their end.
+        self.blocks: list[int] | None = None
         # Completions possible before one finishes a request (the in-flight step's completion is the first).
         self.limit = min(r.output - r.generated for r in step.requests) - 1
         self.times_s: list[float] = []  # its completions so far, each followed by a relaunch
@@ -57,10 +59,16 @@ def _batches(replica: _Replica, flights: list[tuple[float, Step]]) -> deque[Rela
     """The in-flight micro-batches to relaunch: those a previous fast-forward left in flight carry over (their
     requests cannot change while in flight), the others are read from their requests."""
     carried = replica.relaunching
-    scheduler = replica.scheduler
-    return deque(carried[step] if step in carried else RelaunchBatch(
-                     step, end_s, scheduler.decode_blocks(np.array([r.computed + 1 for r in step.requests])))
+    return deque(carried[step] if step in carried else RelaunchBatch(step, end_s)
                  for end_s, step in flights)  # in the order they end: the pipeline is first in, first out
+
+
+def _blocks(batch: RelaunchBatch, scheduler) -> list[int]:
+    """The batch's block pattern (``decode_blocks``), read from its requests the first time it is needed: they
+    cannot change while the batch is in flight."""
+    if batch.blocks is None:
+        batch.blocks = scheduler.decode_blocks(np.array([r.computed + 1 for r in batch.step.requests])).tolist()
+    return batch.blocks
 
 
 def fast_forward(replica: _Replica, horizon_s: float, log: StepLog) -> list[tuple[float, Step]]:
@@ -97,7 +105,7 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     leaves its decode span (a step time to look up or predict, after which it goes on filling its record buffer)
     or its record buffer is full (passed on here, as are the records left when it stops)."""
     scheduler = replica.scheduler
-    if not _relaunches(queue[0], horizon_s, scheduler.free):
+    if not _relaunches(queue[0], horizon_s, scheduler):
         return
     batches = list(queue)
     no_span = (-1, -1, *(0.0,) * (2 + 2 * replica.pp))
@@ -108,7 +116,7 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
               *(_span_row(batch.span) if batch.span is not None else no_span)) for batch in batches]
     counts = np.array([row[:7] for row in state], dtype=np.int64)
     times = np.array([(batch.end_s, *row[7:]) for batch, row in zip(batches, state)])
-    pattern = np.array([batch.blocks for batch in batches], dtype=np.int64)
+    pattern = np.array([_blocks(batch, scheduler) for batch in batches], dtype=np.int64)
     host_s = np.array([replica.cpu_free_s, *replica.stage_free_s, replica.gpu_start_s])
     pool = np.array([0, scheduler.free, scheduler.kv_used_tokens, scheduler.kv_unit_tokens, 0])
     rows = np.empty((_RECORDS, len(STEP_LOG_COLUMNS)))  # the step log's rows of the relaunches
@@ -148,12 +156,13 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
     replica.gpu_start_s = float(host_s[-1])
 
 
-def _relaunches(batch: RelaunchBatch, horizon_s: float, free: int) -> bool:
+def _relaunches(batch: RelaunchBatch, horizon_s: float, scheduler) -> bool:
     """Whether the batch is relaunched here once more: not when it ends at or after the horizon, a request
-    finishes at its end, or the pool's ``free`` units cannot hold the relaunch."""
+    finishes at its end, or the scheduler's free KV units cannot hold the relaunch."""
     if batch.end_s >= horizon_s or len(batch.times_s) >= batch.limit:
         return False
-    return batch.blocks[len(batch.times_s) % len(batch.blocks)] <= free
+    blocks = _blocks(batch, scheduler)
+    return blocks[len(batch.times_s) % len(blocks)] <= scheduler.free
 
 
 #: Relaunch records :func:`_relaunch_loop` buffers before handing back.

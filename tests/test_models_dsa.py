@@ -17,7 +17,14 @@ from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.expand import expand, step_part
-from servesim.kernels.types import AttentionDecode, AttentionPrefill, IndexTopK, KvWrite
+from servesim.kernels.types import (
+    AttentionDecode,
+    AttentionPrefill,
+    IndexLogitsDecode,
+    IndexLogitsPrefill,
+    IndexTopK,
+    KvWrite,
+)
 from servesim.models import get_model
 from servesim.models.config import config_from_hf_dict
 from servesim.models.memory import kv_bytes_per_token_per_gpu
@@ -70,15 +77,17 @@ def test_kv_bytes_per_token_include_the_indexer_keys():
     assert deepseek.kv_bytes_per_token(2) == 61 * 576 * 2  # no indexer
 
 
-def _decode_attention(context: int) -> tuple[AttentionDecode, AttentionDecode, IndexTopK]:
+def _decode_attention(context: int) -> tuple[IndexLogitsDecode, AttentionDecode, IndexTopK | None]:
     ops = step_part("attention", "sglang", GLM5, H200, BatchSpec(decodes=(context,) * 8), tp=8, dtype="fp8-block")
-    logits, mla = (op for op in ops if isinstance(op, AttentionDecode))
-    topk = next(op for op in ops if isinstance(op, IndexTopK))
+    logits = next(op for op in ops if isinstance(op, IndexLogitsDecode))
+    mla = next(op for op in ops if type(op) is AttentionDecode)
+    topk = next((op for op in ops if isinstance(op, IndexTopK)), None)
     return logits, mla, topk
 
 
 def test_decode_attention_stops_growing_past_topk_while_the_indexer_grows():
     short, at_topk, long, longer = (_decode_attention(c) for c in (1000, 2047, 20_000, 100_000))
+    assert short[2] is None and at_topk[2] is None  # every key kept: no top-k
     assert short[1].kv_lens == (1001,) * 8
     assert at_topk[1].kv_lens == long[1].kv_lens == longer[1].kv_lens == (2048,) * 8
     assert long[1].flops() == longer[1].flops()
@@ -110,12 +119,40 @@ def test_indexer_kernels_and_its_cache_write_are_in_every_layer():
 def test_long_prefill_scores_every_key_and_attends_to_topk():
     batch = BatchSpec(prefills=(PrefillChunk(4096, 8192),))
     ops = step_part("attention", "sglang", GLM5, H200, batch, tp=8, dtype="fp8-block")
-    logits, mla = (op for op in ops if isinstance(op, AttentionPrefill))
+    logits = next(op for op in ops if isinstance(op, IndexLogitsPrefill))
+    mla = next(op for op in ops if type(op) is AttentionPrefill)
     topk = next(op for op in ops if isinstance(op, IndexTopK))
     assert logits.kv_lens == (12288,) and logits.num_heads == 32
     assert topk.rows == 4096 and topk.keys == 4096 * 8192 + 4096 * 4097 // 2
     assert mla.window == 2048 and mla.kv_shared
-    assert mla.flops() == pytest.approx(2 * 8 * (576 + 512) * 4096 * 2048)
+    # FlashMLA's sparse kernel runs the GPU's 8 heads padded to 64 on Hopper (128 on Blackwell).
+    assert mla.num_heads == 64
+    assert mla.flops() == pytest.approx(2 * 64 * (576 + 512) * 4096 * 2048)
+    b200 = step_part("attention", "sglang", GLM5, get_gpu("B200"), batch, tp=8, dtype="fp8-block")
+    assert next(op for op in b200 if type(op) is AttentionPrefill).num_heads == 128
+    assert logits.flops() == pytest.approx(2 * 32 * 128 * (4096 * 8192 + 4096 * 4097 // 2))  # QK only
+
+
+def test_sglang_decodes_unpadded_vllm_on_flashmla_sparse():
+    batch = BatchSpec(decodes=(4096,) * 4)
+    sglang = step_part("attention", "sglang", GLM5, H200, batch, tp=8, dtype="fp8-block")
+    vllm = step_part("attention", "vllm", GLM5, H200, batch, tp=8, dtype="fp8-block")
+    assert next(op for op in sglang if type(op) is AttentionDecode).num_heads == 8
+    assert next(op for op in vllm if type(op) is AttentionDecode).num_heads == 64
+
+
+@pytest.mark.parametrize("category", ["index_logits", "index_topk"])
+def test_indexer_kernels_are_timed_by_their_learned_networks(category):
+    """Trained on aiconfigurator-core's GLM-5 DSA tables (H100 to GB300), which bracket the H200 and B200."""
+    from servesim.estimator.base import get_estimator
+
+    estimator = get_estimator("mlp")
+    assert {"H200", "B200"} <= set(estimator.trained_gpus(category))
+    assert not estimator.falls_back(category, H200)
+    logits, _, topk = _decode_attention(20_000)
+    short, _, long_topk = _decode_attention(100_000)
+    times = estimator.predict_us([logits, short, topk, long_topk], H200)
+    assert times[1] > times[0] > 0 and times[3] > times[2] > 0
 
 
 def test_short_sglang_prefill_runs_mha_with_a_keys_only_indexer():
@@ -127,7 +164,8 @@ def test_short_sglang_prefill_runs_mha_with_a_keys_only_indexer():
     assert "attn.prefill (MHA form)" in names
     vllm = [op.name for op in expand("vllm", GLM5, H200, BatchSpec(prefills=(PrefillChunk(1024),)), tp=8,
                                      dtype="fp8-block").layer_ops(5)]
-    assert "indexer.topk" in vllm and "attn.prefill (latent MQA)" in vllm  # vLLM's indexer always scores
+    assert "indexer.logits (FP8 MQA)" in vllm and "attn.prefill (latent MQA)" in vllm  # vLLM's always scores
+    assert "indexer.topk" not in vllm  # no query has more than index_topk keys
 
 
 def test_config_without_indexer_keys_is_refused():

@@ -226,6 +226,28 @@ def load_generation_attention(
     return tidy(frame, [*shape, "dtype", "kv_dtype"])
 
 
+#: aiconfigurator's kernel-level tables of GLM-5's DeepSeek Sparse Attention (the ``sparse_attention`` family,
+#: SGLang 0.5.14, GLM-5's 32 indexer heads of 128, top 2048, 64 attention heads): the indexer's FP8 MQA logits
+#: (DeepGEMM ``fp8_mqa_logits``), its top-k (``fast_topk_transform_fused``) and FlashMLA's sparse attention.
+DSA_KERNEL_TABLES: tuple[str, ...] = ("glm5_mqa_logits_module_perf", "glm5_topk_module_perf",
+                                      "glm5_dsa_attn_module_perf")
+
+
+def load_dsa_kernel(table: str, systems: Iterable[str] | None = None) -> pd.DataFrame:
+    """Measured DSA kernels of one of :data:`DSA_KERNEL_TABLES`: ``batch`` requests of ``query_len`` new tokens
+    each after ``prefix_len`` cached ones (``query_len`` 1: decodes).
+
+    Columns: gpu, system, backend, backend_version, kernel_source, batch, query_len, prefix_len, num_heads (the
+    model's attention heads on the GPU), score_mode (the top-k table's logits layout: ``flat`` as served,
+    ``top_last`` for context parallelism; ``flat`` elsewhere), latency_us, source."""
+    _check_names("DSA kernel table", (table,), DSA_KERNEL_TABLES)
+    frame = _load("sparse_attention", table, ("sglang",), systems)
+    frame = frame.rename(columns={"batch_size": "batch", "isl": "query_len", "step": "prefix_len"})
+    if "score_mode" not in frame:
+        frame["score_mode"] = "flat"
+    return tidy(frame, ["batch", "query_len", "prefix_len", "num_heads", "score_mode"])
+
+
 def load_moe(
     dtypes: Iterable[str] = ("bf16", "fp8"),
     backends: Iterable[str] = DEFAULT_BACKENDS,

@@ -23,7 +23,14 @@ from servesim.decompose.launch import (
 from servesim.decompose.moe import decompose_marlin_moe, decompose_moe
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
-from servesim.kernels.types import Kernel
+from servesim.kernels.types import AttentionDecode, Kernel
+
+
+def _decompose_index_logits(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
+    """DSA's indexer logits as the MQA they are (one FP8 key head, the indexer's heads packed as tile rows): the
+    attention decompositions of a decode or a prompt chunk (docs/kernels.md, "DeepSeek Sparse Attention")."""
+    return decompose_decode(kernel, gpu) if isinstance(kernel, AttentionDecode) else decompose_prefill(kernel, gpu)
+
 
 _DECOMPOSERS = {
     "gemm": decompose_gemm,
@@ -32,6 +39,7 @@ _DECOMPOSERS = {
     "attn_decode": decompose_decode,
     "moe": decompose_moe,
     "moe_marlin": decompose_marlin_moe,
+    "index_logits": _decompose_index_logits,
     **{c: decompose_rowwise for c in ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "kv_write", "quant",
                                       "embedding", "router_topk", "sampling", "gdn_prefill",
                                       "gdn_decode", "conv1d", "index_topk")},

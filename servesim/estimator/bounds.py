@@ -23,7 +23,7 @@ from servesim.kernels.types import Kernel
 
 #: Categories whose arithmetic runs on the Tensor cores.
 TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin",
-                               "gdn_prefill"})
+                               "gdn_prefill", "index_logits"})
 
 
 def pipe_peak_flops(kernel: Kernel, gpu: GpuSpec) -> float:

@@ -31,6 +31,8 @@ from servesim.kernels.types import (
     GatedDeltaRuleChunk,
     GatedDeltaRuleDecode,
     Gemm,
+    IndexLogitsDecode,
+    IndexLogitsPrefill,
     IndexTopK,
     Kernel,
     KvWrite,
@@ -540,15 +542,16 @@ def _mla_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     return ops + prefill + context
 
 
-def _mla_decode(ctx: _Ctx, common: dict, kv_lens: tuple[int, ...]) -> list[Kernel]:
-    """The decoding requests' part of :func:`_mla_attention`, each attending to ``kv_lens`` cached latents."""
+def _mla_decode(ctx: _Ctx, common: dict, kv_lens: tuple[int, ...], attn_heads: int = 0) -> list[Kernel]:
+    """The decoding requests' part of :func:`_mla_attention`, each attending to ``kv_lens`` cached latents; the
+    attention kernel runs ``attn_heads`` query heads (0: the GPU's own; more: zero-padded)."""
     model, h = ctx.model, ctx.heads
     rows = ctx.tokens if ctx.batch.is_decode_only else len(kv_lens)
     sparse = "sparse " if model.is_dsa else ""
     return [
         Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
              name="q_nope.W_UK_T (bmm)"),
-        AttentionDecode(kv_lens=kv_lens, num_heads=h, num_kv_heads=1, head_dim=model.mla_latent_dim,
+        AttentionDecode(kv_lens=kv_lens, num_heads=attn_heads or h, num_kv_heads=1, head_dim=model.mla_latent_dim,
                         v_head_dim=model.kv_lora_rank, kv_shared=True, name=f"attn.decode ({sparse}latent MQA)",
                         **common),
         Gemm(m=rows, n=h * model.v_head_dim, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
@@ -570,15 +573,17 @@ def _mla_prefill(ctx: _Ctx, common: dict) -> tuple[list[Kernel], list[Kernel]]:
 
 
 def _mla_absorbed_prefill(ctx: _Ctx, common: dict, query: tuple[int, ...], kv: tuple[int, ...],
-                          window: int = 0) -> list[Kernel]:
+                          window: int = 0, attn_heads: int = 0) -> list[Kernel]:
     """Prompt chunks in MLA's absorbed form: W_UK, an MQA of the chunks' queries over the cached latents (each query
-    over at most ``window`` of them when > 0: DSA's top-k), W_UV."""
+    over at most ``window`` of them when > 0: DSA's top-k; ``attn_heads`` query heads as in :func:`_mla_decode`),
+    W_UV."""
     model, h, rows = ctx.model, ctx.heads, sum(query)
     sparse = " sparse" if window else ""
     return [
         Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
              name="q_nope.W_UK_T (bmm, prefill)"),
-        AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=h, num_kv_heads=1, head_dim=model.mla_latent_dim,
+        AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=attn_heads or h, num_kv_heads=1,
+                         head_dim=model.mla_latent_dim,
                          v_head_dim=model.kv_lora_rank, kv_shared=True, window=window,
                          name=f"attn.prefill ({sparse.strip() or 'latent'} MQA)", **common),
         Gemm(m=rows, n=h * model.v_head_dim, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
@@ -608,6 +613,10 @@ def _mla_prefill_mha(ctx: _Ctx, common: dict, query: tuple[int, ...],
 
 #: Tokens a page of DSA's indexer key cache holds (DeepGEMM's paged MQA logits take 64-token blocks).
 INDEXER_PAGE_TOKENS = 64
+#: Query heads FlashMLA's sparse kernel (``flash_mla_sparse_fwd``) takes a multiple of, by architecture (64
+#: elsewhere): fewer heads per GPU are zero-padded up to it (SGLang ``_forward_flashmla_sparse`` in
+#: ``srt/layers/attention/nsa_backend.py``; vLLM ``FlashMLASparseImpl.padding``).
+_FLASHMLA_SPARSE_HEAD_MULTIPLE = {"blackwell": 128}
 #: GPU architectures on which SGLang's NSA backend runs a short prompt-only batch in the MHA form (SM90 with FA3,
 #: SM100 with TRT-LLM ragged attention; ``handle_attention_nsa`` in ``srt/models/deepseek_v2.py``).
 _NSA_MHA_ARCHITECTURES = ("hopper", "blackwell")
@@ -649,9 +658,22 @@ def _dsa_indexer(ctx: _Ctx) -> list[Kernel]:
     ]
 
 
-def _causal_keys(query_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> int:
+def causal_keys(query_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> int:
     """Keys all the queries of causal prompt chunks see together, each its own and every earlier one."""
     return sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(query_lens, kv_lens))
+
+
+def _flashmla_sparse_heads(ctx: _Ctx) -> int:
+    """The query heads FlashMLA's sparse kernel runs for the GPU's ``ctx.heads``, padding included."""
+    multiple = _FLASHMLA_SPARSE_HEAD_MULTIPLE.get(ctx.gpu.architecture, 64)
+    return -(-ctx.heads // multiple) * multiple
+
+
+def _index_topk(model: ModelConfig, rows: int, logits: int, longest: int) -> list[Kernel]:
+    """The indexer's top-k over ``rows`` queries' ``logits``, none when no query has more than ``index_topk`` keys
+    (``longest``: the most any query has)."""
+    return [IndexTopK(rows=rows, keys=logits, top_k=model.index_topk, name="indexer.topk")] if (
+        longest > model.index_topk) else []
 
 
 def _dsa_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
@@ -659,15 +681,17 @@ def _dsa_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     the top ``index_topk``, and MLA attends to those only (SGLang ``nsa_backend.py`` with FlashMLA's sparse kernels;
     vLLM ``v1/attention/backends/mla/flashmla_sparse.py`` and its indexer backend):
 
-    - the indexer's logits: an FP8 MQA of its ``index_n_heads`` query heads over the cached 128-wide FP8 keys, each
-      head's ReLU'd score weighted by its gate (DeepGEMM ``fp8_paged_mqa_logits`` for decodes,
-      ``fp8_mqa_logits`` over the gathered keys for prompt chunks); timed by the attention categories as an MQA
-      over those keys (kv_shared: each key read once), whose time, like the kernel's, follows the keys it reads;
-    - the top-k (:class:`IndexTopK`) over each query's logits;
+    - the indexer's logits (:class:`IndexLogitsDecode`, :class:`IndexLogitsPrefill`): an FP8 MQA of its
+      ``index_n_heads`` query heads over the cached 128-wide FP8 keys, each head's ReLU'd score weighted by its
+      gate (DeepGEMM ``fp8_paged_mqa_logits`` for decodes, ``fp8_mqa_logits`` over the gathered keys for prompt
+      chunks);
+    - the top-k (:class:`IndexTopK`) over each query's logits, where some query has more than ``index_topk`` keys
+      (otherwise SGLang's ``fast_topk_transform_fused`` writes positions 0..n-1 and aiconfigurator times it as 0);
     - sparse MLA in the absorbed form over ``min(keys, index_topk)`` keys per query: a decode is the latent MQA of
       :func:`_mla_attention` over that many keys, a prompt chunk's the absorbed prefill with every query seeing at
       most ``index_topk`` keys (the attended pairs of a causal window of that width; the sparse kernel gathers them
-      wherever they are).
+      wherever they are). FlashMLA's sparse kernel (prompt chunks; vLLM's decodes too) runs the heads padded to a
+      multiple of 64, 128 on Blackwell (:func:`_flashmla_sparse_heads`).
 
     SGLang runs a prompt-only batch whose longest request has at most ``index_topk`` keys in MLA's MHA form on
     Hopper and Blackwell with a 16-bit KV cache (``handle_attention_nsa``), its indexer keys-only
@@ -687,22 +711,20 @@ def _dsa_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     ops: list[Kernel] = []
     if decodes:
         kv = batch.kv_lens[:decodes]
-        ops += [
-            AttentionDecode(kv_lens=kv, name="indexer.logits (paged FP8 MQA)", **index),
-            IndexTopK(rows=decodes, keys=sum(kv), top_k=model.index_topk, name="indexer.topk"),
-        ]
-        ops += _mla_decode(ctx, common, tuple(model.attended_keys(k) for k in kv))
+        ops.append(IndexLogitsDecode(kv_lens=kv, name="indexer.logits (paged FP8 MQA)", **index))
+        ops += _index_topk(model, decodes, sum(kv), max(kv))
+        # SGLang decodes on its MLA decode backend (FA3 on Hopper, TRT-LLM on Blackwell) over the chosen pages;
+        # vLLM on FlashMLA's sparse kernel.
+        heads = _flashmla_sparse_heads(ctx) if ctx.engine.name == "vllm" else 0
+        ops += _mla_decode(ctx, common, tuple(model.attended_keys(k) for k in kv), heads)
     if batch.prefills:
         query, kv = batch.query_lens[decodes:], batch.kv_lens[decodes:]
         if not keys_only:
-            ops += [
-                AttentionPrefill(query_lens=query, kv_lens=kv, kv_layout="ragged", name="indexer.logits (FP8 MQA)",
-                                 **index),
-                IndexTopK(rows=sum(query), keys=_causal_keys(query, kv), top_k=model.index_topk,
-                          name="indexer.topk"),
-            ]
+            ops.append(IndexLogitsPrefill(query_lens=query, kv_lens=kv, kv_layout="ragged",
+                                          name="indexer.logits (FP8 MQA)", **index))
+            ops += _index_topk(model, sum(query), causal_keys(query, kv), max(kv))
         window = model.index_topk if max(kv) > model.index_topk else 0
-        ops += _mla_absorbed_prefill(ctx, common, query, kv, window)
+        ops += _mla_absorbed_prefill(ctx, common, query, kv, window, _flashmla_sparse_heads(ctx))
     if lengths_only:
         return [op for op in ops if isinstance(op, (AttentionPrefill, AttentionDecode, IndexTopK))]
     return ops

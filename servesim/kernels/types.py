@@ -612,6 +612,41 @@ class Sampling(Kernel):
 
 
 @dataclass(frozen=True, kw_only=True)
+class IndexLogitsDecode(AttentionDecode):
+    """DSA's indexer logits for decoding requests (DeepGEMM ``fp8_paged_mqa_logits``): each request's one query of
+    ``num_heads`` FP8 heads scores each of its ``kv_lens`` cached FP8 keys (one key head, ``head_dim`` values and an
+    FP32 scale each; 64-token pages), each head's ReLU'd dot product weighted by its gate and summed into one FP32
+    logit per key. An MQA without softmax or values: QK only."""
+
+    category: ClassVar[str] = "index_logits"
+
+    def flops(self) -> float:
+        return 2.0 * self.num_heads * self.head_dim * sum(self.kv_lens)
+
+    def bytes_moved(self) -> float:
+        keys = sum(self.kv_lens)
+        queries = len(self.kv_lens) * self.num_heads * (self.head_dim + 4)  # FP8 query and its FP32 gate per head
+        return queries + keys * (self.head_dim + 4) + keys * 4  # keys with their scales, FP32 logits out
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexLogitsPrefill(AttentionPrefill):
+    """DSA's indexer logits for prompt chunks (DeepGEMM ``fp8_mqa_logits`` over the requests' gathered FP8 keys):
+    every new token's ``num_heads`` FP8 heads score each key it sees causally, as :class:`IndexLogitsDecode`."""
+
+    category: ClassVar[str] = "index_logits"
+
+    def flops(self) -> float:
+        pairs = sum(_attended_pairs(q, kv, self.causal, 0) for q, kv in zip(self.query_lens, self.kv_lens))
+        return 2.0 * self.num_heads * self.head_dim * pairs
+
+    def bytes_moved(self) -> float:
+        pairs = sum(_attended_pairs(q, kv, self.causal, 0) for q, kv in zip(self.query_lens, self.kv_lens))
+        queries = sum(self.query_lens) * self.num_heads * (self.head_dim + 4)
+        return queries + sum(self.kv_lens) * (self.head_dim + 4) + pairs * 4
+
+
+@dataclass(frozen=True, kw_only=True)
 class IndexTopK(Kernel):
     """DeepSeek Sparse Attention's top-k: each of ``rows`` queries keeps the ``top_k`` highest of its FP32 indexer
     logits (``keys`` of them over all queries) and writes their int32 token positions (SGLang
@@ -776,7 +811,8 @@ KERNEL_TYPES: dict[str, type[Kernel]] = {
 }
 #: DeepSeek Sparse Attention's kernels without a kernel type of their own elsewhere (DeepSeek-V3.2, GLM-5), by
 #: category; tested in tests/test_models_dsa.py.
-DSA_KERNEL_TYPES: dict[str, type[Kernel]] = {IndexTopK.category: IndexTopK}
+DSA_KERNEL_TYPES: dict[str, type[Kernel]] = {IndexTopK.category: IndexTopK, "index_logits (decode)": IndexLogitsDecode,
+                                             "index_logits (prefill)": IndexLogitsPrefill}
 #: The linear-attention kernels (Qwen3-Next, Qwen3.5), by category; their bounds are tested in
 #: tests/test_models_hybrid.py.
 LINEAR_ATTENTION_KERNEL_TYPES: dict[str, type[Kernel]] = {

@@ -33,6 +33,9 @@ from servesim.kernels.types import (
     AttentionPrefill,
     FusedMoE,
     Gemm,
+    IndexLogitsDecode,
+    IndexLogitsPrefill,
+    IndexTopK,
     Kernel,
     MarlinMoE,
     Quantize,
@@ -163,7 +166,8 @@ def _prepare_gemm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
 #: How many copies of a kernel aiconfigurator's timing loop runs in turn, by category: its GEMM collectors (vLLM's
 #: and SGLang's ``collect_gemm.py``) time six copies of the layer, each with its own weights, and divide by six; its
 #: attention collectors time one layer's kernel again and again on one KV cache.
-HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "scaled_mm": 6, "attn_prefill": 1, "attn_decode": 1})
+HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "scaled_mm": 6, "attn_prefill": 1, "attn_decode": 1,
+                                                      "index_logits": 1})
 
 
 def harness_l2_fills(kernels: Sequence[Kernel], gpus: Sequence[str], copies: int) -> np.ndarray:
@@ -493,6 +497,64 @@ def _marlin_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
             for shape, dtype, experts in zip(_local_experts(frame), frame["dtype"], frame["num_experts"])]
 
 
+# --- DeepSeek Sparse Attention ---------------------------------------------------------------------------------
+
+#: The model aiconfigurator's DSA kernel tables measure (servesim/data/aiconfigurator.py ``DSA_KERNEL_TABLES``).
+_DSA_TABLE_MODEL = "glm-5"
+
+
+def _read_dsa(table: str) -> Callable[[DataOptions], pd.DataFrame]:
+    def read(options: DataOptions) -> pd.DataFrame:
+        from servesim.data.aiconfigurator import load_dsa_kernel
+
+        return load_dsa_kernel(table)
+
+    return read
+
+
+def _prepare_index_topk(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    frame = _drop(frame, frame["score_mode"].astype(str) == "flat",
+                  "context-parallel logits layout (top_last), which servesim does not model", dropped)
+    return _drop(frame, frame["latency_us"] > 0,
+                 "no query with more than index_topk keys: no top-k runs (timed as 0)", dropped)
+
+
+def _prepare_index_logits(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    return _drop(frame, frame["latency_us"] > 0, "timed as 0", dropped)
+
+
+def _dsa_lengths(frame: pd.DataFrame) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each row's (query lengths, key lengths): ``batch`` requests of ``query_len`` new tokens after
+    ``prefix_len`` cached."""
+    return [((int(q),) * int(b), (int(q) + int(p),) * int(b))
+            for b, q, p in zip(frame["batch"], frame["query_len"], frame["prefix_len"])]
+
+
+def _index_topk_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    from servesim.kernels.expand import causal_keys
+    from servesim.models import get_model
+
+    top_k = get_model(_DSA_TABLE_MODEL).index_topk
+    return [IndexTopK(rows=sum(q), keys=causal_keys(q, kv), top_k=top_k) for q, kv in _dsa_lengths(frame)]
+
+
+def _index_logits_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    """The indexer of the tables' model on each row's GPU, with the attention backend SGLang takes there (the
+    decomposition follows it)."""
+    from servesim.models import get_model
+
+    model = get_model(_DSA_TABLE_MODEL)
+    sglang = get_engine_kernels("sglang")
+    backends = {name: sglang.attention_backend(get_gpu(name).architecture) for name in frame["gpu"].astype(str).unique()}
+    kernels: list[Kernel] = []
+    for (q, kv), gpu in zip(_dsa_lengths(frame), frame["gpu"].astype(str)):
+        common = dict(num_heads=model.index_n_heads, num_kv_heads=1, head_dim=model.index_head_dim, kv_shared=True,
+                      page_size=64, backend=backends[gpu], dtype="fp8", kv_dtype="fp8")
+        kernels.append(IndexLogitsDecode(kv_lens=kv, **common) if max(q) == 1 else
+                       IndexLogitsPrefill(query_lens=q, kv_lens=kv, kv_layout="ragged", **common))
+    return _with_harness_l2(frame, kernels, "index_logits")
+
+
 # --- element-wise ------------------------------------------------------------------------------------------------
 
 #: Columns each element-wise category's rows need, as our collections store them: ``hidden`` is the width the
@@ -576,6 +638,10 @@ SOURCES: dict[str, CategorySource] = {
     "moe_marlin": CategorySource(_read_marlin_moe, _prepare_marlin_moe, ("num_tokens", "hidden", "intermediate",
                                                                        "num_experts", "topk", "moe_tp", "moe_ep",
                                                                        "dtype"), _marlin_moe_kernels, None),
+    "index_topk": CategorySource(_read_dsa("glm5_topk_module_perf"), _prepare_index_topk,
+                                 ("batch", "query_len", "prefix_len"), _index_topk_kernels, None),
+    "index_logits": CategorySource(_read_dsa("glm5_mqa_logits_module_perf"), _prepare_index_logits,
+                                   ("batch", "query_len", "prefix_len"), _index_logits_kernels, None),
     **{
         category: CategorySource(_read_vidur(category), _prepare_elementwise(category),
                                  _ELEMENTWISE_COLUMNS[category], kernels, category)

@@ -578,14 +578,12 @@ def _mla_absorbed_prefill(ctx: _Ctx, common: dict, query: tuple[int, ...], kv: t
     over at most ``window`` of them when > 0: DSA's top-k; ``attn_heads`` query heads as in :func:`_mla_decode`),
     W_UV."""
     model, h, rows = ctx.model, ctx.heads, sum(query)
-    sparse = " sparse" if window else ""
     return [
         Gemm(m=rows, n=h * model.kv_lora_rank, k=model.qk_nope_head_dim, dtype=ctx.act, out_dtype=ctx.act,
              name="q_nope.W_UK_T (bmm, prefill)"),
         AttentionPrefill(query_lens=query, kv_lens=kv, num_heads=attn_heads or h, num_kv_heads=1,
-                         head_dim=model.mla_latent_dim,
-                         v_head_dim=model.kv_lora_rank, kv_shared=True, window=window,
-                         name=f"attn.prefill ({sparse.strip() or 'latent'} MQA)", **common),
+                         head_dim=model.mla_latent_dim, v_head_dim=model.kv_lora_rank, kv_shared=True, window=window,
+                         name="attn.prefill (sparse MQA)" if window else "attn.prefill (latent MQA)", **common),
         Gemm(m=rows, n=h * model.v_head_dim, k=model.kv_lora_rank, dtype=ctx.act, out_dtype=ctx.act,
              name="W_UV (bmm, prefill)"),
     ]

@@ -39,6 +39,7 @@ _DECOMPOSERS = {
     "attn_decode": decompose_decode,
     "moe": decompose_moe,
     "moe_marlin": decompose_marlin_moe,
+    "moe_trtllm": decompose_moe,
     "index_logits": _decompose_index_logits,
     **{c: decompose_rowwise for c in ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "kv_write", "quant",
                                       "embedding", "router_topk", "sampling", "gdn_prefill",

@@ -22,7 +22,7 @@ from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
 #: Categories whose arithmetic runs on the Tensor cores.
-TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin",
+TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin", "moe_trtllm",
                                "gdn_prefill", "index_logits"})
 
 

@@ -185,7 +185,8 @@ def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> np.ndarray:
     return feats
 
 
-_TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin", "index_logits")
+_TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin", "moe_trtllm",
+                      "index_logits")
 
 
 def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> np.ndarray:

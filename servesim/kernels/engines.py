@@ -102,11 +102,17 @@ class EngineKernels:
     backend_page_sizes: Mapping[str, int] = field(default_factory=dict)
     #: GPU architecture -> the MoE kernel MXFP4 experts run on by default (``marlin``; ``triton`` where absent).
     mxfp4_moe_backends: Mapping[str, str] = field(default_factory=dict)
+    #: GPU architecture -> model type (of the language model: ``text_config``'s where the config nests one) -> the
+    #: weight formats whose experts run on FlashInfer's TRT-LLM fused MoE (:class:`servesim.kernels.types.TrtllmMoE`)
+    #: rather than the Triton path.
+    trtllm_moe: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_backends", MappingProxyType(dict(self.attention_backends)))
         object.__setattr__(self, "backend_page_sizes", MappingProxyType(dict(self.backend_page_sizes)))
         object.__setattr__(self, "mxfp4_moe_backends", MappingProxyType(dict(self.mxfp4_moe_backends)))
+        object.__setattr__(self, "trtllm_moe", MappingProxyType({arch: MappingProxyType(dict(types))
+                                                                 for arch, types in self.trtllm_moe.items()}))
 
     def __hash__(self) -> int:
         return hash((self.name, self.version))
@@ -138,6 +144,11 @@ class EngineKernels:
             raise ServesimError(f"{self.name} runs MXFP4 experts on Marlin on {architecture} GPUs (no Triton "
                                 f"matmul_ogs below compute capability 9.0); use --mxfp4-moe-backend auto")
         return requested
+
+    def runs_trtllm_moe(self, architecture: str, model_type: str, weights: str) -> bool:
+        """Whether the engine runs the routed experts of ``model_type`` in ``weights`` on FlashInfer's TRT-LLM fused
+        MoE on ``architecture`` GPUs by default."""
+        return weights in self.trtllm_moe.get(architecture, {}).get(model_type, ())
 
     def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
         raise NotImplementedError
@@ -210,6 +221,13 @@ SGLANG = SglangKernels(
     default_page_size=1,
     backend_page_sizes={"trtllm_mha": 64},
     fp8_tensor_library="sgl_kernel",
+    # python/sglang/srt/server_args.py (0.5.9, 0.5.10): on compute capability 10.x with no all-to-all backend,
+    # --moe-runner-backend auto becomes flashinfer_trtllm for FP8 DeepSeek-V3/R1, Kimi-K2 and GLM-5 checkpoints and
+    # for FP8 or unquantised Qwen3-MoE and Qwen3.5 ones; elsewhere FP8 block MoE stays on the Triton fused_moe.
+    trtllm_moe={"blackwell": {
+        **{family: ("fp8", "fp8-block") for family in ("deepseek_v3", "kimi_k2", "glm_moe_dsa", "deepseek_v32")},
+        **{family: ("fp8", "fp8-block", "bf16") for family in ("qwen3_moe", "qwen3_5_moe_text")},
+    }},
 )
 
 ENGINE_KERNELS: dict[str, EngineKernels] = {e.name: e for e in (VLLM, SGLANG)}

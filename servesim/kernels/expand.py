@@ -44,6 +44,7 @@ from servesim.kernels.types import (
     Sampling,
     ScaledMM,
     SiluMul,
+    TrtllmMoE,
     dtype_bytes,
 )
 from servesim.models.config import ModelConfig
@@ -198,6 +199,7 @@ class _Ctx:
     kv_heads: int  # per GPU (replicated when tp > kv heads)
     mxfp4_moe: str = "triton"  # the MoE kernel MXFP4 experts run on: marlin or triton
     ep: int = 1  # the GPUs of the TP group the routed experts are split over
+    trtllm_moe: bool = False  # the routed experts run on FlashInfer's TRT-LLM fused MoE
 
     def all_reduce(self, name: str, width: int | None = None, dtype: str | None = None) -> list[Collective]:
         """The TP all-reduce of ``width`` values per token in ``dtype`` (default: the hidden states)."""
@@ -351,7 +353,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         # Timed as the layer of this GPU's experts the step's tokens reach (reached_experts), each receiving an
         # even share of the GPU's pairs: the others read nothing and their grid blocks exit at once. Under expert
         # parallelism the busiest GPU's share, which the others wait for.
-        (MarlinMoE if marlin else FusedMoE)(
+        (MarlinMoE if marlin else TrtllmMoE if ctx.trtllm_moe else FusedMoE)(
             tokens=t,
             num_experts=reached,
             top_k=top_k,
@@ -917,6 +919,7 @@ def _context(
         kv_heads=max(1, model.num_kv_heads // tp),
         mxfp4_moe=mxfp4_moe,
         ep=ep,
+        trtllm_moe=config.runs_trtllm_moe(gpu.architecture, model.model_type, served_weights(model, dtype)),
     )
 
 

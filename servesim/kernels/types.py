@@ -593,6 +593,25 @@ class MarlinMoE(FusedMoE):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrtllmMoE(FusedMoE):
+    """The routed experts of one MoE layer through FlashInfer's TensorRT-LLM fused MoE
+    (``trtllm_fp8_block_scale_moe`` and its BF16 sibling), which SGLang runs on Blackwell (compute capability 10.x)
+    for the DeepSeek, GLM, Kimi and Qwen3-MoE/Qwen3.5 families (``--moe-runner-backend flashinfer_trtllm``, the
+    default 0.5.9 and 0.5.10 pick for them in ``srt/server_args.py``). One launch sorts, runs both grouped GEMMs
+    with its own tiles and sums the top-k choices; servesim lays out its work as the Triton path's grouped GEMMs
+    and learns the kernel's efficiency from its measured rows (its own category)."""
+
+    category: ClassVar[str] = "moe_trtllm"
+
+    def __post_init__(self) -> None:
+        if self.weight_dtype:
+            raise ValueError(f"the TRT-LLM fused MoE is modelled for FP8 and BF16 experts, not {self.weight_dtype!r}")
+
+    def shape(self) -> str:
+        return f"{super().shape()} trtllm"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Sampling(Kernel):
     """Turning ``rows`` rows of ``vocab`` logits into tokens: temperature, softmax, top-k/top-p, draw (fp32)."""
 

@@ -38,6 +38,7 @@ from servesim.kernels.types import (
     IndexTopK,
     Kernel,
     MarlinMoE,
+    TrtllmMoE,
     Quantize,
     RMSNorm,
     Rope,
@@ -473,9 +474,28 @@ def _local_experts(frame: pd.DataFrame) -> list[dict[str, object]]:
     return shapes
 
 
-def _moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    return [FusedMoE(**shape, dtype=str(dtype), scale="" if scaling == "none" else str(scaling))
+def _moe_kernels(frame: pd.DataFrame, kernel_class: type[FusedMoE] = FusedMoE) -> list[Kernel]:
+    return [kernel_class(**shape, dtype=str(dtype), scale="" if scaling == "none" else str(scaling))
             for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"])]
+
+
+#: FlashInfer's TensorRT-LLM fused MoE as each engine's collector names it (FP8 block and per-tensor, BF16).
+TRTLLM_MOE_SOURCES = frozenset({
+    "sglang_flashinfer_trtllm_moe", "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular",
+    "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic",
+    "vllm_modeloptfp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic",
+    "vllm_unquantizedfusedmoe_flashinfer_trtllm_trtllmbf16experts",
+})
+
+
+def _prepare_trtllm_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    frame = _drop(frame, _sources(frame).isin(TRTLLM_MOE_SOURCES),
+                  "other expert kernels (Triton, FlashInfer CUTLASS)", dropped)
+    return _balanced_only(frame, dropped)
+
+
+def _trtllm_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return _moe_kernels(frame, TrtllmMoE)
 
 
 def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
@@ -635,6 +655,9 @@ SOURCES: dict[str, CategorySource] = {
                                   _decode_kernels, "generation_attention"),
     "moe": CategorySource(_read_moe, _prepare_moe, ("num_tokens", "hidden", "intermediate", "num_experts", "topk",
                                                     "moe_tp", "moe_ep", "dtype", "scaling"), _moe_kernels, None),
+    "moe_trtllm": CategorySource(_read_moe, _prepare_trtllm_moe, ("num_tokens", "hidden", "intermediate",
+                                                                 "num_experts", "topk", "moe_tp", "moe_ep", "dtype",
+                                                                 "scaling"), _trtllm_moe_kernels, None),
     "moe_marlin": CategorySource(_read_marlin_moe, _prepare_marlin_moe, ("num_tokens", "hidden", "intermediate",
                                                                        "num_experts", "topk", "moe_tp", "moe_ep",
                                                                        "dtype"), _marlin_moe_kernels, None),

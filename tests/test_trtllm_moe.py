@@ -1,0 +1,39 @@
+"""FlashInfer's TRT-LLM fused MoE: which steps run it, and that its own category times it as measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesim.estimator import get_estimator
+from servesim.hardware import get_gpu
+from servesim.kernels.batch import BatchSpec
+from servesim.kernels.expand import expand
+from servesim.kernels.types import FusedMoE, TrtllmMoE
+from servesim.models import get_model
+
+
+def _experts(engine: str, model: str, gpu: str, dtype: str, tp: int = 8) -> FusedMoE:
+    step = expand(engine, get_model(model), get_gpu(gpu), BatchSpec(decodes=(1024,) * 4), tp, dtype=dtype)
+    (op,) = {op for run in step.runs for op in run.ops if isinstance(op, FusedMoE)}
+    return op
+
+
+@pytest.mark.parametrize(("engine", "model", "gpu", "dtype", "trtllm"), [
+    ("sglang", "deepseek-r1", "B200", "fp8-block", True),
+    ("sglang", "qwen3.5-397b-a17b", "B200", "bf16", True),
+    ("sglang", "deepseek-r1", "H200", "fp8-block", False),  # Hopper: the Triton fused_moe
+    ("sglang", "deepseek-r1", "B200", "bf16", False),  # SGLang switches DeepSeek to TRT-LLM for FP8 only
+    ("sglang", "gpt-oss-120b", "B200", "mxfp4", False),
+    ("vllm", "deepseek-r1", "B200", "fp8-block", False),
+])
+def test_sglang_runs_the_trtllm_moe_on_blackwell_for_the_families_it_switches(engine, model, gpu, dtype,
+                                                                              trtllm) -> None:
+    assert isinstance(_experts(engine, model, gpu, dtype), TrtllmMoE) is trtllm
+
+
+def test_trtllm_moe_is_timed_near_its_measured_decode_layer() -> None:
+    # aiconfigurator's B200 table (sglang_flashinfer_trtllm_moe, block FP8, balanced routing): DeepSeek-R1's routed
+    # experts at 4 tokens on TP 8 take 41.7 us; the Triton path's estimate for the same layer is over twice that.
+    layer = _experts("sglang", "deepseek-r1", "B200", "fp8-block")
+    predicted_us = get_estimator("mlp").predict_us([layer], get_gpu("B200"))[0]
+    assert 41.7 / 1.35 <= predicted_us <= 41.7 * 1.35

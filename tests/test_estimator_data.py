@@ -357,14 +357,9 @@ def test_extra_data_adds_local_rows_to_a_category(tmp_path):
     assert len(frame) > 1000  # Vidur's rows stay
 
 
-#: Categories servesim/cli/estimator.py's --category help does not name yet (DeepSeek Sparse Attention's, added
-#: outside the CLI's files; the option checks names against SOURCES, so it takes them).
-_HELP_PENDING = frozenset({"index_logits", "index_topk"})
-
-
 def test_the_category_help_names_every_category_with_data():
     help_text = " ".join(CliRunner().invoke(main, ["train", "--help"]).output.split())
-    for category in set(SOURCES) - _HELP_PENDING:
+    for category in SOURCES:
         assert category in help_text
 
 

@@ -89,6 +89,7 @@ def plan(
     *,
     tp: int | None = None,
     pp: int | None = None,
+    ep: int | None = 1,
     engine: str = "vllm",
     dtype: str = "bf16",
     workload: str | Workload = "splitwise-conv",
@@ -111,6 +112,8 @@ def plan(
 
     ``model``: a preset name, config.json path, Hugging Face id or ModelConfig. ``gpus``: ``"H100,L40S"``,
     ``"all"``, or a list of names or GpuSpecs. ``tp``/``pp``: fixed, or None to try every layout within a node.
+    ``ep``: the GPUs of each layout's TP group a MoE model's experts are split over (1: none), or None to try each
+    layout without and with its experts over all its TP GPUs.
     ``engine``: ``vllm``, ``sglang`` or a release such as ``vllm==0.12.0``. ``workload``: a profile, generator
     preset (``chat-shared-prefix``), length spec or trace path (see :func:`servesim.workloads.build_workload`),
     with ``num_requests`` requests per load and ``arrival`` ``poisson`` (default) or ``trace``; a Workload object
@@ -147,6 +150,7 @@ def plan(
         slos=_slos(slos),
         tp=tp,
         pp=pp,
+        ep=ep,
         dtype=dtype,
         estimator=estimator,
         engine_overrides=tuple(settings.items()),
@@ -183,13 +187,14 @@ def deployment(
     *,
     tp: int = 1,
     pp: int = 1,
+    ep: int = 1,
     engine: str = "vllm",
     dtype: str = "bf16",
     estimator: str = "mlp",
     **settings: Any,
 ) -> Deployment:
     """:func:`servesim.build_deployment` with names: ``model`` and ``gpu`` as names or objects, the layout as
-    ``tp`` and ``pp``. ``settings``: ``max_num_seqs``, ``max_num_batched_tokens``, ``memory_fraction``,
+    ``tp``, ``pp`` and ``ep`` (experts split over that many of the TP GPUs). ``settings``: ``max_num_seqs``, ``max_num_batched_tokens``, ``memory_fraction``,
     ``kv_cache_dtype``, ``enable_prefix_caching``, ``async_scheduling`` (None keeps the release's default).
 
     >>> dep = servesim.deployment("llama3-8b", "H100", enable_prefix_caching=False)
@@ -198,7 +203,7 @@ def deployment(
     from servesim.models.parallel import Parallelism
     from servesim.serving.deployment import build_deployment
 
-    return build_deployment(_model(model), _gpu(gpu), Parallelism(tp, pp), engine, dtype, estimator, **settings)
+    return build_deployment(_model(model), _gpu(gpu), Parallelism(tp, pp, ep), engine, dtype, estimator, **settings)
 
 
 def simulate(
@@ -207,6 +212,7 @@ def simulate(
     *,
     tp: int = 1,
     pp: int = 1,
+    ep: int = 1,
     engine: str = "vllm",
     dtype: str = "bf16",
     estimator: str = "mlp",
@@ -223,7 +229,7 @@ def simulate(
 ) -> SimulationResult:
     """Serve a workload and return the per-request and per-step record — what ``servesim simulate`` prints.
 
-    ``model`` with ``gpu``, ``tp``, ``pp``, ``engine``, ``dtype``, ``estimator`` and ``settings`` describe the
+    ``model`` with ``gpu``, ``tp``, ``pp``, ``ep``, ``engine``, ``dtype``, ``estimator`` and ``settings`` describe the
     deployment as in :func:`deployment`; or pass a built Deployment as ``model`` (and none of those).
     ``workload``: a profile, preset, length spec or trace path (:func:`servesim.workloads.build_workload`, with
     ``num_requests``, ``qps`` or ``concurrency``, ``arrival`` and ``seed``) or a Workload object. ``replicas``
@@ -242,7 +248,7 @@ def simulate(
     from servesim.workloads import build_workload
 
     if isinstance(model, Deployment):
-        given = {name for name, value, default in (("gpu", gpu, "H100"), ("tp", tp, 1), ("pp", pp, 1),
+        given = {name for name, value, default in (("gpu", gpu, "H100"), ("tp", tp, 1), ("pp", pp, 1), ("ep", ep, 1),
                                                    ("engine", engine, "vllm"), ("dtype", dtype, "bf16"),
                                                    ("estimator", estimator, "mlp")) if value != default}
         if given or settings:
@@ -250,7 +256,7 @@ def simulate(
                                 f"another deployment to change them")
         dep = model
     else:
-        dep = deployment(model, gpu, tp=tp, pp=pp, engine=engine, dtype=dtype, estimator=estimator, **settings)
+        dep = deployment(model, gpu, tp=tp, pp=pp, ep=ep, engine=engine, dtype=dtype, estimator=estimator, **settings)
     if isinstance(workload, str):
         workload = build_workload(workload, num_requests, qps=qps, concurrency=concurrency, seed=seed,
                                   arrival=arrival)

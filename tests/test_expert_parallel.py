@@ -138,3 +138,12 @@ def test_replay_times_each_expert_split_with_its_own_step_model() -> None:
     rows, skipped = replay([case, replace(case, case_id="tp2ep2", ep=2)], "mlp", step_models=StepModels("mlp"))
     assert not skipped
     assert [row["ep"] for row in rows] == [1, 2]
+
+
+def test_the_python_api_takes_the_expert_split() -> None:
+    import servesim
+
+    dep = servesim.deployment("qwen3-30b-a3b", "H100", tp=2, ep=2)
+    assert dep.par == Parallelism(2, 1, 2) and "--enable-expert-parallel" in dep.launch_command()
+    with pytest.raises(ServesimError, match="already fixes ep"):
+        servesim.simulate(dep, ep=2)

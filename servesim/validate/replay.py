@@ -111,13 +111,14 @@ class StepModels:
         self._models: dict[tuple, StepTimeModel] = {}
 
     def get(self, case: ServingCase) -> StepTimeModel:
-        key = (case_release(case), case.preset, case.gpu, case.tp, case.pp, case.ep, case.dtype, case.kv_cache_dtype,
-               case.mxfp4_moe_backend)
-        if key not in self._models:
-            from servesim.hardware import get_gpu
-            from servesim.models import get_model
+        """The step-time model of the case's deployment, shared by every case whose deployment times steps alike
+        (``Deployment.timing_identity``, what the simulator checks a step-time model against)."""
+        from servesim.hardware import get_gpu
+        from servesim.models import get_model
 
-            deployment = case_deployment(case, get_model(case.preset), get_gpu(case.gpu), self.estimator_name)
+        deployment = case_deployment(case, get_model(case.preset), get_gpu(case.gpu), self.estimator_name)
+        key = deployment.timing_identity()
+        if key not in self._models:
             base = self.shares_with.get(case) if self.shares_with is not None else None
             self._models[key] = StepTimeModel(deployment, self.estimator, overhead=self.overheads.get(case.engine),
                                               shares_with=base)

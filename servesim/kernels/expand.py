@@ -107,7 +107,6 @@ class StepKernels:
     graph_mode: str  # full | piecewise | none
     padded_tokens: int  # tokens the graphed kernels see (the batch's tokens when eager)
     runs: tuple[OpRun, ...]
-    ep: int = 1  # the GPUs of the TP group the routed experts are split over
 
     @property
     def in_cuda_graph(self) -> bool:
@@ -534,14 +533,20 @@ def _mla_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     shapes follow the requests' lengths rather than the step's token and request counts (the attention kernels and
     the context's expansion), which :func:`step_part` times apart."""
     batch = ctx.batch
-    page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
-    common = dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
+    common = _mla_kernel_args(ctx)
     decodes = len(batch.decodes)
     ops = _mla_decode(ctx, common, batch.kv_lens[:decodes]) if decodes else []
     prefill, context = ([], []) if batch.is_decode_only else _mla_prefill(ctx, common)
     if lengths_only:
         return [op for op in ops + prefill if isinstance(op, (AttentionPrefill, AttentionDecode))] + context
     return ops + prefill + context
+
+
+def _mla_kernel_args(ctx: _Ctx) -> dict:
+    """The attention-kernel arguments every MLA attention kernel of the step shares: the latent cache's page, the
+    backend and the dtypes."""
+    page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
+    return dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
 
 
 def _mla_decode(ctx: _Ctx, common: dict, kv_lens: tuple[int, ...], attn_heads: int = 0) -> list[Kernel]:
@@ -622,6 +627,14 @@ _FLASHMLA_SPARSE_HEAD_MULTIPLE = {"blackwell": 128}
 _NSA_MHA_ARCHITECTURES = ("hopper", "blackwell")
 
 
+def indexer_logits_args(model: ModelConfig, backend: str) -> dict:
+    """The arguments of DSA's indexer logits kernels (:class:`IndexLogitsDecode`, :class:`IndexLogitsPrefill`) but
+    the lengths: ``index_n_heads`` FP8 query heads over one shared FP8 key of ``index_head_dim`` per token, in pages
+    of :data:`INDEXER_PAGE_TOKENS`, on ``backend`` (whose decomposition the kernels follow)."""
+    return dict(num_heads=model.index_n_heads, num_kv_heads=1, head_dim=model.index_head_dim, kv_shared=True,
+                page_size=INDEXER_PAGE_TOKENS, backend=backend, dtype="fp8", kv_dtype="fp8")
+
+
 def _dsa_keys_only(ctx: _Ctx) -> bool:
     """SGLang's indexer fast path (``Indexer._forward_cuda_k_only``, ``srt/layers/attention/nsa/nsa_indexer.py``):
     a prompt-only batch whose longest request has at most ``index_topk`` keys keeps every key anyway, so the indexer
@@ -697,16 +710,14 @@ def _dsa_attention(ctx: _Ctx, lengths_only: bool = False) -> list[Kernel]:
     Hopper and Blackwell with a 16-bit KV cache (``handle_attention_nsa``), its indexer keys-only
     (:func:`_dsa_keys_only`). ``lengths_only`` as in :func:`_mla_attention`."""
     batch, model = ctx.batch, ctx.model
-    page = _MLA_PAGE_SIZES.get(ctx.engine.name, ctx.engine.page_size(ctx.backend))
-    common = dict(page_size=page, backend=ctx.backend, dtype=ctx.act, kv_dtype=ctx.kv)
+    common = _mla_kernel_args(ctx)
     keys_only = _dsa_keys_only(ctx)
     if keys_only and ctx.gpu.architecture in _NSA_MHA_ARCHITECTURES and ctx.kv == ctx.act:
         prefill, context = _mla_prefill_mha(ctx, common, batch.query_lens, batch.kv_lens)
         if lengths_only:
             return [op for op in prefill if isinstance(op, AttentionPrefill)] + context
         return prefill + context
-    index = dict(num_heads=model.index_n_heads, num_kv_heads=1, head_dim=model.index_head_dim, kv_shared=True,
-                 page_size=INDEXER_PAGE_TOKENS, backend=ctx.backend, dtype="fp8", kv_dtype="fp8")
+    index = indexer_logits_args(model, ctx.backend)
     decodes = len(batch.decodes)
     ops: list[Kernel] = []
     if decodes:
@@ -828,7 +839,7 @@ def expand(
 
     ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
     default for the GPU). Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype,
-    kv_cache_dtype, the MoE kernel): a simulator calls it for every step and repeated step shapes cost a dictionary
+    kv_cache_dtype, the MoE kernel, ep): a simulator calls it for every step and repeated step shapes cost a dictionary
     look-up.
     """
     config = get_engine_kernels(engine)
@@ -1002,5 +1013,4 @@ def _expand_cached(
         graph_mode=plan.mode,
         padded_tokens=plan.padded_tokens,
         runs=tuple(run for run in runs if run.ops),
-        ep=ep,
     )

@@ -136,7 +136,7 @@ def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int 
     for t in [tp] if tp is not None else divisors:
         for p in [pp] if pp is not None else divisors:
             for e in _expert_splits(model, t, ep):
-                if t * p <= node and _accepted(model, Parallelism(t, p, e)):
+                if t * p <= node and _passes(validate_parallelism, model, Parallelism(t, p, e)):
                     layouts.append(Parallelism(t, p, e))
     if not layouts and ep not in (None, 1):
         raise ServesimError(f"no layout of {model.name} on {gpu.name} has a TP that EP={ep} divides; give --tp as a "
@@ -151,9 +151,10 @@ def _expert_splits(model: ModelConfig, tp: int, ep: int | None) -> list[int]:
     return [1, tp] if model.is_moe and tp > 1 else [1]
 
 
-def _accepted(model: ModelConfig, par: Parallelism) -> bool:
+def _passes(check: Callable[..., None], *args: object) -> bool:
+    """Whether ``check(*args)`` passes, i.e. raises no :class:`ServesimError`."""
     try:
-        validate_parallelism(model, par)
+        check(*args)
     except ServesimError:
         return False
     return True
@@ -179,15 +180,7 @@ def _engine_layouts(request: PlanRequest, layouts: list[Parallelism]) -> list[Pa
     """The layouts whose expert split the request's engine runs (vLLM: none or over all TP GPUs); raises the
     engine's refusal when it runs none of them."""
     engine = parse_engine(request.engine)[0]
-
-    def runs(par: Parallelism) -> bool:
-        try:
-            engine.check_expert_parallel(par)
-        except ServesimError:
-            return False
-        return True
-
-    kept = [par for par in layouts if runs(par)]
+    kept = [par for par in layouts if _passes(engine.check_expert_parallel, par)]
     if layouts and not kept:
         engine.check_expert_parallel(layouts[0])
     return kept

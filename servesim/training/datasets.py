@@ -561,6 +561,7 @@ def _index_topk_kernels(frame: pd.DataFrame) -> list[Kernel]:
 def _index_logits_kernels(frame: pd.DataFrame) -> list[Kernel]:
     """The indexer of the tables' model on each row's GPU, with the attention backend SGLang takes there (the
     decomposition follows it)."""
+    from servesim.kernels.expand import indexer_logits_args
     from servesim.models import get_model
 
     model = get_model(_DSA_TABLE_MODEL)
@@ -568,8 +569,7 @@ def _index_logits_kernels(frame: pd.DataFrame) -> list[Kernel]:
     backends = {name: sglang.attention_backend(get_gpu(name).architecture) for name in frame["gpu"].astype(str).unique()}
     kernels: list[Kernel] = []
     for (q, kv), gpu in zip(_dsa_lengths(frame), frame["gpu"].astype(str)):
-        common = dict(num_heads=model.index_n_heads, num_kv_heads=1, head_dim=model.index_head_dim, kv_shared=True,
-                      page_size=64, backend=backends[gpu], dtype="fp8", kv_dtype="fp8")
+        common = indexer_logits_args(model, backends[gpu])
         kernels.append(IndexLogitsDecode(kv_lens=kv, **common) if max(q) == 1 else
                        IndexLogitsPrefill(query_lens=q, kv_lens=kv, kv_layout="ragged", **common))
     return _with_harness_l2(frame, kernels, "index_logits")
@@ -642,6 +642,8 @@ class CategorySource:
 
 
 _ATTENTION_SHAPE = ("batch", "num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype")
+#: The shape columns of aiconfigurator's fused-MoE rows (Triton and TRT-LLM kernels alike).
+_MOE_SHAPE = ("num_tokens", "hidden", "intermediate", "num_experts", "topk", "moe_tp", "moe_ep", "dtype", "scaling")
 
 #: Categories with measured training data, named as the kernels' ``category``.
 SOURCES: dict[str, CategorySource] = {
@@ -653,11 +655,8 @@ SOURCES: dict[str, CategorySource] = {
     "attn_decode": CategorySource(_read_generation_attention, _prepare_attention("generation_attention"),
                                   ("kv_len", *_ATTENTION_SHAPE),
                                   _decode_kernels, "generation_attention"),
-    "moe": CategorySource(_read_moe, _prepare_moe, ("num_tokens", "hidden", "intermediate", "num_experts", "topk",
-                                                    "moe_tp", "moe_ep", "dtype", "scaling"), _moe_kernels, None),
-    "moe_trtllm": CategorySource(_read_moe, _prepare_trtllm_moe, ("num_tokens", "hidden", "intermediate",
-                                                                 "num_experts", "topk", "moe_tp", "moe_ep", "dtype",
-                                                                 "scaling"), _trtllm_moe_kernels, None),
+    "moe": CategorySource(_read_moe, _prepare_moe, _MOE_SHAPE, _moe_kernels, None),
+    "moe_trtllm": CategorySource(_read_moe, _prepare_trtllm_moe, _MOE_SHAPE, _trtllm_moe_kernels, None),
     "moe_marlin": CategorySource(_read_marlin_moe, _prepare_marlin_moe, ("num_tokens", "hidden", "intermediate",
                                                                        "num_experts", "topk", "moe_tp", "moe_ep",
                                                                        "dtype"), _marlin_moe_kernels, None),

@@ -180,6 +180,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     if isinstance(layout, str):
         return _skip(row, layout)
     concurrency = _int(row["concurrency"]) or _int(row["batch_size"])
+    version = "" if pd.isna(row["backend_version"]) else str(row["backend_version"])
     if not concurrency:
         return _skip(row, "neither concurrency nor batch_size is recorded")
     protocol = protocol_for(str(row["source"]), str(row["model"]), str(row["gpu"]))
@@ -193,7 +194,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
-        engine_version="" if pd.isna(row["backend_version"]) else str(row["backend_version"]),
+        engine_version=version,
         dtype=_GEMM_QUANT_DTYPES[quant], tp=layout[0], ep=layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
@@ -201,10 +202,9 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         max_num_seqs=concurrency if protocol.max_num_seqs_is_concurrency else None,
         async_scheduling=protocol.async_scheduling, prefix_caching=protocol.prefix_caching,
         mxfp4_moe_backend=protocol.mxfp4_moe_backend,
-        scheduler_recv_interval=(inferencex_sglang_recv_interval(
-            str(row["model"]), str(row["gpu"]), layout[0], concurrency,
-            "" if pd.isna(row["backend_version"]) else str(row["backend_version"]))
-            if protocol.name == "InferenceX" and str(row["backend"]) == "sglang" else None),
+        scheduler_recv_interval=(inferencex_sglang_recv_interval(str(row["model"]), str(row["gpu"]), layout[0],
+                                                                 concurrency, version)
+                                 if protocol.name == "InferenceX" and str(row["backend"]) == "sglang" else None),
     )
 
 

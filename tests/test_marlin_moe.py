@@ -17,7 +17,7 @@ from servesim.errors import ServesimError
 from servesim.hardware import get_gpu
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.expand import balanced_routing, expand
-from servesim.kernels.types import FusedMoE, MarlinMoE
+from servesim.kernels.types import FusedMoE, MarlinMoE, TrtllmMoE
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.serving.deployment import build_deployment
@@ -58,15 +58,18 @@ def test_marlin_only_runs_four_bit_weights() -> None:
 
 @pytest.mark.parametrize(("gpu", "requested", "kernel"), [
     ("H200", "auto", FusedMoE), ("H200", "marlin", MarlinMoE), ("A100", "auto", MarlinMoE),
-    ("L40S", "auto", MarlinMoE)])
+    ("L40S", "auto", MarlinMoE), ("B200", "auto", TrtllmMoE), ("B200", "flashinfer-mxfp8", TrtllmMoE),
+    ("B200", "marlin", MarlinMoE), ("B200", "triton", FusedMoE)])
 def test_engine_picks_the_mxfp4_moe_kernel_by_gpu(gpu: str, requested: str, kernel: type) -> None:
     deployment = build_deployment(GPT_OSS, get_gpu(gpu), Parallelism(4, 1), "vllm", "mxfp4",
                                   mxfp4_moe_backend=requested)
     step = expand("vllm", GPT_OSS, get_gpu(gpu), BatchSpec(prefills=(PrefillChunk(512, 0),)), 4, 1, 0, "mxfp4",
                   "auto", requested)
-    assert {type(op) for op in _experts(step)} == {kernel}
-    forced = "VLLM_MXFP4_USE_MARLIN=1" in deployment.launch_command()
-    assert forced == (gpu == "H200" and requested == "marlin")
+    act = "fp8" if requested == "flashinfer-mxfp8" else "bf16"
+    assert {(type(op), op.weight_dtype, op.dtype) for op in _experts(step)} == {(kernel, "mxfp4", act)}
+    launch = deployment.launch_command()
+    assert ("VLLM_MXFP4_USE_MARLIN=1" in launch) == (gpu in ("H200", "B200") and requested == "marlin")
+    assert ("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1" in launch) == (requested == "flashinfer-mxfp8")
 
 
 def test_bf16_experts_never_run_on_marlin() -> None:
@@ -75,7 +78,9 @@ def test_bf16_experts_never_run_on_marlin() -> None:
     assert {type(op) for op in _experts(step)} == {FusedMoE}
 
 
-@pytest.mark.parametrize(("engine", "gpu", "requested"), [("sglang", "H200", "marlin"), ("vllm", "A100", "triton")])
+@pytest.mark.parametrize(("engine", "gpu", "requested"), [
+    ("sglang", "H200", "marlin"), ("vllm", "A100", "triton"), ("vllm", "H200", "flashinfer"),
+    ("sglang", "B200", "flashinfer-mxfp8")])
 def test_a_kernel_the_engine_cannot_run_is_refused(engine: str, gpu: str, requested: str) -> None:
     with pytest.raises(ServesimError, match="--mxfp4-moe-backend auto"):
         build_deployment(GPT_OSS, get_gpu(gpu), Parallelism(4, 1), engine, "mxfp4", mxfp4_moe_backend=requested)

@@ -166,10 +166,13 @@ def scheduler_recv_interval_option(func):
 
 
 def mxfp4_moe_backend_option(func):
-    """Add ``--mxfp4-moe-backend`` (``auto``, ``marlin`` or ``triton``) as ``mxfp4_moe_backend``."""
+    """Add ``--mxfp4-moe-backend`` (:data:`servesim.kernels.engines.MXFP4_MOE_BACKENDS`) as ``mxfp4_moe_backend``."""
     from servesim.kernels.engines import MXFP4_MOE_BACKENDS
 
     return click.option("--mxfp4-moe-backend", type=click.Choice(MXFP4_MOE_BACKENDS), default="auto",
                         show_default=True,
                         help="MoE kernel of MXFP4 experts (gpt-oss): auto (vLLM: Marlin below compute capability "
-                             "9.0, Triton on Hopper), marlin (vLLM with VLLM_MXFP4_USE_MARLIN=1) or triton.")(func)
+                             "9.0, Triton on Hopper; both engines: FlashInfer's TRT-LLM MoE on Blackwell), marlin "
+                             "(vLLM with VLLM_MXFP4_USE_MARLIN=1), triton, flashinfer (Blackwell, BF16 activations) "
+                             "or flashinfer-mxfp8 (vLLM on Blackwell with "
+                             "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1).")(func)

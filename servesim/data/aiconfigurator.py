@@ -56,6 +56,7 @@ _PRECISIONS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "nvfp4": ("nvfp4", "block"),
         "int4_wo": ("int4", "group"),  # weight-only INT4 MoE (Marlin), BF16 activations
         "w4a16_mxfp4": ("mxfp4", "block"),  # weight-only MXFP4 MoE, BF16 activations
+        "w4a8_mxfp4_mxfp8": ("mxfp4_mxfp8", "block"),  # MXFP4 experts, MXFP8 activations (FlashInfer TRT-LLM MoE)
     }
 )
 _KNOWN_DTYPES = frozenset(dtype for dtype, _ in _PRECISIONS.values())

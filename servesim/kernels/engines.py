@@ -78,9 +78,10 @@ def _pad(tokens: int, capture_sizes: tuple[int, ...]) -> int:
     return capture_sizes[bisect.bisect_left(capture_sizes, tokens)]
 
 
-#: MoE kernels for MXFP4 experts: ``auto`` (the engine's default for the GPU), vLLM's Marlin MoE, or the Triton
-#: path (OpenAI's ``matmul_ogs`` on Hopper; FlashInfer's kernels on Blackwell are timed as it too).
-MXFP4_MOE_BACKENDS = ("auto", "marlin", "triton")
+#: MoE kernels for MXFP4 experts: ``auto`` (the engine's default for the GPU), vLLM's Marlin MoE, the Triton path
+#: (OpenAI's ``matmul_ogs``), or FlashInfer's TRT-LLM MXFP4 MoE on Blackwell with BF16 activations (``flashinfer``)
+#: or MXFP8 ones (``flashinfer-mxfp8``: vLLM's ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``).
+MXFP4_MOE_BACKENDS = ("auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8")
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,18 @@ class EngineKernels:
         default = self.mxfp4_moe_backends.get(architecture, "triton")
         if requested in ("auto", default):
             return default
+        if requested.startswith("flashinfer"):
+            if architecture != "blackwell":
+                raise ServesimError(f"FlashInfer's TRT-LLM MXFP4 MoE runs on Blackwell GPUs only (compute capability "
+                                    f"10.x), not {architecture}; use --mxfp4-moe-backend auto")
+            if requested == "flashinfer-mxfp8" and self.name != "vllm":
+                raise ServesimError(f"MXFP8 activations for the MXFP4 MoE are modelled for vLLM "
+                                    f"(VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1), not {self.name}; use "
+                                    f"--mxfp4-moe-backend auto")
+            return requested
         if requested == "marlin" and "marlin" not in self.mxfp4_moe_backends.values():
             raise ServesimError(f"{self.name} has no Marlin MoE path for MXFP4 experts; use --mxfp4-moe-backend auto")
-        if requested == "triton":
+        if requested == "triton" and default == "marlin":
             raise ServesimError(f"{self.name} runs MXFP4 experts on Marlin on {architecture} GPUs (no Triton "
                                 f"matmul_ogs below compute capability 9.0); use --mxfp4-moe-backend auto")
         return requested
@@ -208,8 +218,9 @@ VLLM = VllmKernels(
     attention_backends={"ampere": "fa2", "ada": "fa2", "hopper": "fa3", "blackwell": "flashinfer"},
     splits_mixed_attention=("flashinfer",),
     # vllm/model_executor/layers/quantization/mxfp4.py get_mxfp4_backend: Marlin below compute capability 9.0
-    # (and wherever VLLM_MXFP4_USE_MARLIN=1), Triton matmul_ogs on Hopper, FlashInfer on Blackwell.
-    mxfp4_moe_backends={"ampere": "marlin", "ada": "marlin"},
+    # (and wherever VLLM_MXFP4_USE_MARLIN=1), Triton matmul_ogs on Hopper, and on compute capability 10.0 with
+    # FlashInfer FlashInfer's TRT-LLM MXFP4 MoE, BF16 activations unless VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1.
+    mxfp4_moe_backends={"ampere": "marlin", "ada": "marlin", "blackwell": "flashinfer"},
 )
 
 SGLANG = SglangKernels(
@@ -224,6 +235,9 @@ SGLANG = SglangKernels(
     # python/sglang/srt/server_args.py (0.5.9, 0.5.10): on compute capability 10.x with no all-to-all backend,
     # --moe-runner-backend auto becomes flashinfer_trtllm for FP8 DeepSeek-V3/R1, Kimi-K2 and GLM-5 checkpoints and
     # for FP8 or unquantised Qwen3-MoE and Qwen3.5 ones; elsewhere FP8 block MoE stays on the Triton fused_moe.
+    # server_args.py (0.5.x), gpt-oss with MXFP4 experts on Blackwell: --moe-runner-backend auto becomes
+    # flashinfer_mxfp4 (the TRT-LLM MXFP4 MoE, BF16 activations); triton_kernel elsewhere.
+    mxfp4_moe_backends={"blackwell": "flashinfer"},
     trtllm_moe={"blackwell": {
         **{family: ("fp8", "fp8-block") for family in ("deepseek_v3", "kimi_k2", "glm_moe_dsa", "deepseek_v32")},
         **{family: ("fp8", "fp8-block", "bf16") for family in ("qwen3_moe", "qwen3_5_moe_text")},

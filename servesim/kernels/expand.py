@@ -196,7 +196,7 @@ class _Ctx:
     backend: str
     heads: int  # per GPU
     kv_heads: int  # per GPU (replicated when tp > kv heads)
-    mxfp4_moe: str = "triton"  # the MoE kernel MXFP4 experts run on: marlin or triton
+    mxfp4_moe: str = "triton"  # the MoE kernel MXFP4 experts run on (MXFP4_MOE_BACKENDS but auto)
     ep: int = 1  # the GPUs of the TP group the routed experts are split over
     trtllm_moe: bool = False  # the routed experts run on FlashInfer's TRT-LLM fused MoE
 
@@ -339,6 +339,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     experts, top_k = model.num_experts, model.num_experts_per_tok
     reached = reached_experts(t, top_k, experts, ctx.ep)
     marlin = ctx.weights == "int4" or (ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin")
+    flashinfer_mxfp4 = ctx.weights == "mxfp4" and ctx.mxfp4_moe.startswith("flashinfer")
     scale = _FP8_SCALES.get(ctx.weights, "")
     return [
         # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
@@ -352,14 +353,14 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         # Timed as the layer of this GPU's experts the step's tokens reach (reached_experts), each receiving an
         # even share of the GPU's pairs: the others read nothing and their grid blocks exit at once. Under expert
         # parallelism the busiest GPU's share, which the others wait for.
-        (MarlinMoE if marlin else TrtllmMoE if ctx.trtllm_moe else FusedMoE)(
+        (MarlinMoE if marlin else TrtllmMoE if ctx.trtllm_moe or flashinfer_mxfp4 else FusedMoE)(
             tokens=t,
             num_experts=reached,
             top_k=top_k,
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // (ctx.tp // ctx.ep),
             expert_tokens=balanced_routing(local_pairs(t, top_k, experts, ctx.ep), reached),
-            dtype="fp8" if scale else ctx.act,
+            dtype="fp8" if scale or (flashinfer_mxfp4 and ctx.mxfp4_moe == "flashinfer-mxfp8") else ctx.act,
             scale=scale,
             weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",
             weight_group=model.int4_group_size if ctx.weights == "int4" else 0,

@@ -595,17 +595,20 @@ class MarlinMoE(FusedMoE):
 @dataclass(frozen=True, kw_only=True)
 class TrtllmMoE(FusedMoE):
     """The routed experts of one MoE layer through FlashInfer's TensorRT-LLM fused MoE
-    (``trtllm_fp8_block_scale_moe`` and its BF16 sibling), which SGLang runs on Blackwell (compute capability 10.x)
-    for the DeepSeek, GLM, Kimi and Qwen3-MoE/Qwen3.5 families (``--moe-runner-backend flashinfer_trtllm``, the
-    default 0.5.9 and 0.5.10 pick for them in ``srt/server_args.py``). One launch sorts, runs both grouped GEMMs
-    with its own tiles and sums the top-k choices; servesim lays out its work as the Triton path's grouped GEMMs
-    and learns the kernel's efficiency from its measured rows (its own category)."""
+    (``trtllm_fp8_block_scale_moe``, its BF16 sibling and ``trtllm_fp4_block_scale_moe``), which SGLang runs on
+    Blackwell (compute capability 10.x) for the DeepSeek, GLM, Kimi and Qwen3-MoE/Qwen3.5 families
+    (``--moe-runner-backend flashinfer_trtllm``, the default 0.5.9 and 0.5.10 pick for them in
+    ``srt/server_args.py``), and both engines run on Blackwell for MXFP4 experts (gpt-oss: ``weight_dtype`` mxfp4,
+    activations BF16, or FP8 for vLLM's MXFP4 x MXFP8 path). One launch sorts, runs both grouped GEMMs with its own
+    tiles and sums the top-k choices; servesim lays out its work as the Triton path's grouped GEMMs and learns the
+    kernel's efficiency from its measured rows (its own category)."""
 
     category: ClassVar[str] = "moe_trtllm"
 
     def __post_init__(self) -> None:
-        if self.weight_dtype:
-            raise ValueError(f"the TRT-LLM fused MoE is modelled for FP8 and BF16 experts, not {self.weight_dtype!r}")
+        if self.weight_dtype not in ("", "mxfp4"):
+            raise ValueError(f"the TRT-LLM fused MoE is modelled for FP8, BF16 and MXFP4 experts, not "
+                             f"{self.weight_dtype!r}")
 
     def shape(self) -> str:
         return f"{super().shape()} trtllm"

@@ -27,7 +27,8 @@ class EngineSettings:
     enable_prefix_caching: bool = True  # vLLM --enable-prefix-caching; SGLang's radix cache
     async_scheduling: bool = False  # vLLM --async-scheduling; SGLang's overlap scheduler
     #: The MoE kernel of MXFP4 experts: auto (the engine's default for the GPU), marlin (vLLM's
-    #: VLLM_MXFP4_USE_MARLIN=1) or triton; checked by the engine for the GPU (EngineKernels.mxfp4_moe_backend).
+    #: VLLM_MXFP4_USE_MARLIN=1), triton, flashinfer or flashinfer-mxfp8 (Blackwell; vLLM's
+    #: VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1); checked by the engine for the GPU (EngineKernels.mxfp4_moe_backend).
     mxfp4_moe_backend: str = "auto"
     #: SGLang --scheduler-recv-interval (server_args.py, default 1): the scheduler polls for new requests only once
     #: its counter reaches this, the counter growing by 1 per decode batch and by 1000 per prefill batch

@@ -52,7 +52,8 @@ class Deployment:
 
     @property
     def mxfp4_moe_backend(self) -> str:
-        """The MoE kernel MXFP4 experts run on here (``marlin`` or ``triton``; the other weights: ``triton``)."""
+        """The MoE kernel MXFP4 experts run on here (``marlin``, ``triton``, ``flashinfer`` or ``flashinfer-mxfp8``;
+        only MXFP4 weights read it)."""
         return self.engine.kernels.mxfp4_moe_backend(self.gpu.architecture, self.settings.mxfp4_moe_backend)
 
     @functools.cached_property
@@ -85,6 +86,8 @@ class Deployment:
         forced_marlin = (self.dtype == "mxfp4" and self.mxfp4_moe_backend == "marlin"
                          and self.engine.kernels.mxfp4_moe_backend(self.gpu.architecture) != "marlin")
         env = ["VLLM_MXFP4_USE_MARLIN=1"] if forced_marlin else []
+        if self.dtype == "mxfp4" and self.mxfp4_moe_backend == "flashinfer-mxfp8":
+            env.append("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1")
         return " ".join([*env, *self.engine.launch_head(self.model.source, self.par), *quant,
                          *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par))])
 

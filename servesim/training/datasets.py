@@ -479,23 +479,42 @@ def _moe_kernels(frame: pd.DataFrame, kernel_class: type[FusedMoE] = FusedMoE) -
             for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"])]
 
 
-#: FlashInfer's TensorRT-LLM fused MoE as each engine's collector names it (FP8 block and per-tensor, BF16).
+#: FlashInfer's TensorRT-LLM fused MoE as each engine's collector names it (FP8 block and per-tensor, BF16, and
+#: MXFP4 experts with BF16 or MXFP8 activations).
 TRTLLM_MOE_SOURCES = frozenset({
     "sglang_flashinfer_trtllm_moe", "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular",
     "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic",
     "vllm_modeloptfp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic",
     "vllm_unquantizedfusedmoe_flashinfer_trtllm_trtllmbf16experts",
+    "vllm_gptossmxfp4moe_flashinfer_trtllm_mxfp4_bf16_trtllmmxfp4expertsmonolithic",
+    "vllm_mxfp4moe_flashinfer_trtllm_mxfp4_mxfp8_trtllmmxfp4expertsmodular",
 })
+
+#: A TRT-LLM MoE row's precision (servesim.data.aiconfigurator ``dtype``) -> (activation dtype, weight dtype).
+_TRTLLM_MXFP4_DTYPES = {"mxfp4": ("bf16", "mxfp4"), "mxfp4_mxfp8": ("fp8", "mxfp4")}
+
+
+def _read_trtllm_moe(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_moe
+
+    return load_moe(dtypes=("bf16", "fp8", *_TRTLLM_MXFP4_DTYPES))
 
 
 def _prepare_trtllm_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     frame = _drop(frame, _sources(frame).isin(TRTLLM_MOE_SOURCES),
-                  "other expert kernels (Triton, FlashInfer CUTLASS)", dropped)
+                  "other expert kernels (Triton, FlashInfer CUTLASS, Marlin)", dropped)
     return _balanced_only(frame, dropped)
 
 
 def _trtllm_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    return _moe_kernels(frame, TrtllmMoE)
+    """The TRT-LLM MoE of each row; MXFP4 experts keep their format in ``weight_dtype`` and multiply BF16 or (MXFP8)
+    FP8 activations, their block scales inside the kernel."""
+    kernels: list[Kernel] = []
+    for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"]):
+        act, weights = _TRTLLM_MXFP4_DTYPES.get(str(dtype), (str(dtype), ""))
+        scale = "" if weights or scaling == "none" else str(scaling)
+        kernels.append(TrtllmMoE(**shape, dtype=act, scale=scale, weight_dtype=weights))
+    return kernels
 
 
 def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
@@ -656,7 +675,7 @@ SOURCES: dict[str, CategorySource] = {
                                   ("kv_len", *_ATTENTION_SHAPE),
                                   _decode_kernels, "generation_attention"),
     "moe": CategorySource(_read_moe, _prepare_moe, _MOE_SHAPE, _moe_kernels, None),
-    "moe_trtllm": CategorySource(_read_moe, _prepare_trtllm_moe, _MOE_SHAPE, _trtllm_moe_kernels, None),
+    "moe_trtllm": CategorySource(_read_trtllm_moe, _prepare_trtllm_moe, _MOE_SHAPE, _trtllm_moe_kernels, None),
     "moe_marlin": CategorySource(_read_marlin_moe, _prepare_marlin_moe, ("num_tokens", "hidden", "intermediate",
                                                                        "num_experts", "topk", "moe_tp", "moe_ep",
                                                                        "dtype"), _marlin_moe_kernels, None),

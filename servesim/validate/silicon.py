@@ -73,9 +73,17 @@ INFERENCEX_GPT_OSS_HOPPER = BenchmarkProtocol("InferenceX", requests_per_client=
 #: KV cache, running-request cap and prefix cache are vLLM's defaults.
 INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
                                        max_num_seqs_is_concurrency=False)
+#: ``benchmarks/single_node/gptoss_fp4_b200.sh`` (InferenceX, 2026-02-25 to 2026-03-27, vLLM 0.15.1):
+#: ``kv-cache-dtype: fp8`` and ``no-enable-prefix-caching`` in config.yaml, ``--max-num-seqs 512`` (at least every
+#: row's concurrency) and ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``: FlashInfer's TRT-LLM MXFP4 MoE with MXFP8
+#: activations; no async-scheduling flag (the release's default).
+INFERENCEX_GPT_OSS_B200 = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
+                                            kv_cache_dtype="fp8", max_num_seqs_is_concurrency=True,
+                                            prefix_caching=False, mxfp4_moe_backend="flashinfer-mxfp8")
 #: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
 INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
+                       ("openai/gpt-oss-120b", "B200"): INFERENCEX_GPT_OSS_B200,
                        ("MiniMaxAI/MiniMax-M2.5", "H200"): INFERENCEX_MINIMAX}
 AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
                                    max_num_seqs_is_concurrency=False)

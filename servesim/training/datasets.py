@@ -523,9 +523,19 @@ def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
     return load_moe(dtypes=("int4", "mxfp4"))
 
 
+#: Kimi-K3's MoE layer (hidden, intermediate, experts, top-k). aiconfigurator-core's vLLM 0.24 tables time its
+#: Marlin rows with a stand-in: its ``collection_meta.yaml`` says they were collected in a Kimi-K3 preview runtime
+#: (B200, B300: its SiTU activation, "stock 0.24.0 lacks SITU and would dispatch a different kernel") or in stock
+#: 0.24.0 "via the owner-approved situ-as-silu Marlin approximation + EP-local shim" (H100, H200, GB200, GB300).
+_KIMI_K3_MOE = (3584, 3072, 896, 16)
+
+
 def _prepare_marlin_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
     frame = _drop(frame, _sources(frame).str.contains("marlin", regex=False),
                   "4-bit MoE kernels other than Marlin (Triton matmul_ogs, FlashInfer)", dropped)
+    kimi_k3 = np.logical_and.reduce([frame[column].to_numpy() == value for column, value in
+                                     zip(("hidden", "intermediate", "num_experts", "topk"), _KIMI_K3_MOE)])
+    frame = _drop(frame, ~kimi_k3, "Kimi-K3 rows timed through a preview runtime or an approximation shim", dropped)
     return _balanced_only(frame, dropped)
 
 

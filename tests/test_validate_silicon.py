@@ -142,3 +142,18 @@ def test_cli_replays_one_row_end_to_end(tmp_path) -> None:
 def test_cli_rejects_an_unknown_row_id() -> None:
     result = CliRunner().invoke(main, ["validate", "silicon", "--row-id", "no-such-run"])
     assert result.exit_code == 2 and "no-such-run" in result.output
+
+
+@pytest.mark.parametrize(("model_id", "gpu", "tp", "kv", "running", "chunk"), [
+    ("deepseek-ai/DeepSeek-R1", "H200", 8, "auto", {512, 256}, 32768),  # dsr1_fp8_h200.sh: no KV dtype
+    ("deepseek-ai/DeepSeek-R1", "B200", 8, "fp8", {128}, 32768),  # dsr1_fp8_b200.sh caps TP 8 at 128 requests
+    ("Qwen/Qwen3.5-397B-A17B", "H200", 8, "fp8", {128}, 16384),
+])
+def test_inferencex_sglang_rows_follow_their_scripts(rows: pd.DataFrame, model_id: str, gpu: str, tp: int, kv: str,
+                                                     running: set[int], chunk: int) -> None:
+    selected = rows[(rows["model"] == model_id) & (rows["gpu"] == gpu) & (rows["backend"] == "sglang")
+                    & (rows["tp"] == tp) & rows["gemm_quant"].isin(["fp8", "fp8_block"])
+                    & ~rows["source"].str.contains("aic-auto-gap-analysis")]
+    cases = [silicon_case(row) for row in selected.to_dict("records")]
+    assert cases and all(c.kv_cache_dtype == kv and c.max_num_batched_tokens == chunk for c in cases)
+    assert {c.max_num_seqs for c in cases} <= running and not any(c.prefix_caching for c in cases)

@@ -80,10 +80,17 @@ INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, len
 INFERENCEX_GPT_OSS_B200 = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
                                             kv_cache_dtype="fp8", max_num_seqs_is_concurrency=True,
                                             prefix_caching=False, mxfp4_moe_backend="flashinfer-mxfp8")
+#: ``benchmarks/single_node/kimik2.5_int4_h200.sh`` and ``kimik2.5_int4_b200.sh`` (InferenceX, 2026-03-27):
+#: ``--max-num-seqs $CONC`` and ``--no-enable-prefix-caching``, no KV-cache dtype (the model's, BF16). The B200 script
+#: also exports ``VLLM_USE_FLASHINFER_MOE_INT4=1`` (FlashInfer's INT4 MoE), which is not modelled (Marlin is).
+INFERENCEX_KIMI = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
+                                    max_num_seqs_is_concurrency=True, prefix_caching=False)
 #: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
 INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "B200"): INFERENCEX_GPT_OSS_B200,
+                       ("moonshotai/Kimi-K2.5", "H200"): INFERENCEX_KIMI,
+                       ("moonshotai/Kimi-K2.5", "B200"): INFERENCEX_KIMI,
                        ("MiniMaxAI/MiniMax-M2.5", "H200"): INFERENCEX_MINIMAX}
 AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
                                    max_num_seqs_is_concurrency=False)

@@ -157,3 +157,15 @@ def test_inferencex_sglang_rows_follow_their_scripts(rows: pd.DataFrame, model_i
     cases = [silicon_case(row) for row in selected.to_dict("records")]
     assert cases and all(c.kv_cache_dtype == kv and c.max_num_batched_tokens == chunk for c in cases)
     assert {c.max_num_seqs for c in cases} <= running and not any(c.prefix_caching for c in cases)
+
+
+@pytest.mark.parametrize(("version", "kv", "budget_per_isl"), [("0.17.0", "auto", None), ("0.19.0", "fp8", 2)])
+def test_minimax_b200_rows_follow_the_script_of_their_release(rows: pd.DataFrame, version: str, kv: str,
+                                                               budget_per_isl: int | None) -> None:
+    # minimaxm2.5_fp8_b200.sh left vLLM's defaults until 2026-04-03; from then (the 0.19 runs) it passes an FP8 KV
+    # cache and a token budget of twice the prompt length.
+    selected = rows[(rows["model"] == "MiniMaxAI/MiniMax-M2.5") & (rows["gpu"] == "B200")
+                    & (rows["backend_version"] == version)]
+    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    assert cases and all(c.kv_cache_dtype == kv for c in cases)
+    assert all(c.max_num_batched_tokens == (budget_per_isl and budget_per_isl * c.isl) for c in cases)

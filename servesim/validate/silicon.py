@@ -45,7 +45,8 @@ _GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp
 class BenchmarkProtocol:
     """How a run was made. The client: ``requests_per_client`` × concurrency requests, each length uniform over
     ``[length_ratio × nominal, nominal]`` (``length_ratio = 1``: fixed lengths). The server: the KV-cache dtype its
-    launch passed (``auto`` when it passed none) and whether it capped the running requests at the concurrency."""
+    launch passed (``auto`` when it passed none), whether it capped the running requests at the concurrency and its
+    token budget per step as a multiple of the nominal prompt length (0: the release's default)."""
 
     name: str
     requests_per_client: int
@@ -55,6 +56,7 @@ class BenchmarkProtocol:
     async_scheduling: bool | None = None  # None: the release's default
     prefix_caching: bool | None = None
     mxfp4_moe_backend: str = "auto"
+    batched_tokens_per_isl: int = 0
 
 
 #: InferenceX's vLLM launch scripts of the Llama-3.1-70B rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
@@ -70,9 +72,21 @@ INFERENCEX_GPT_OSS_HOPPER = BenchmarkProtocol("InferenceX", requests_per_client=
                                               prefix_caching=False, mxfp4_moe_backend="marlin")
 #: ``benchmarks/single_node/minimaxm2.5_fp8_h200.sh`` (InferenceX, 2026-03-01 to 2026-03-27, vLLM 0.16.0 and
 #: 0.18.0): ``vllm serve`` with the layout, ``--gpu-memory-utilization 0.95`` and ``--max-model-len`` only, so the
-#: KV cache, running-request cap and prefix cache are vLLM's defaults.
+#: KV cache, running-request cap and prefix cache are vLLM's defaults; so does ``minimaxm2.5_fp8_b200.sh`` of
+#: 2026-03-11 (64c20b6b5, the vLLM 0.17.0 runs), which also exports ``VLLM_USE_FLASHINFER_MOE_FP8=0`` (the Triton MoE).
 INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
                                        max_num_seqs_is_concurrency=False)
+#: ``minimaxm2.5_fp8_h100.sh`` (2026-03-27, 626932a11, vLLM 0.18.0): no KV-cache dtype, ``--max-num-seqs 256`` (above
+#: every row's concurrency) and ``--no-enable-prefix-caching``.
+INFERENCEX_MINIMAX_H100 = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
+                                            kv_cache_dtype="auto", max_num_seqs_is_concurrency=False,
+                                            prefix_caching=False)
+#: ``minimaxm2.5_fp8_b200.sh`` from 2026-04-03 (bddbf4031) and ``minimaxm2.5_fp8_b300.sh`` (the vLLM 0.19 runs):
+#: ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens $((ISL * 2))`` and ``--no-enable-prefix-caching``. Their
+#: MoE runs on vLLM's FlashInfer TRT-LLM FP8 path, which is not modelled (the Triton path is timed).
+INFERENCEX_MINIMAX_BLACKWELL = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
+                                                 kv_cache_dtype="fp8", max_num_seqs_is_concurrency=False,
+                                                 prefix_caching=False, batched_tokens_per_isl=2)
 #: ``benchmarks/single_node/gptoss_fp4_b200.sh`` (InferenceX, 2026-02-25 to 2026-03-27, vLLM 0.15.1):
 #: ``kv-cache-dtype: fp8`` and ``no-enable-prefix-caching`` in config.yaml, ``--max-num-seqs 512`` (at least every
 #: row's concurrency) and ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``: FlashInfer's TRT-LLM MXFP4 MoE with MXFP8
@@ -91,7 +105,10 @@ INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_H
                        ("openai/gpt-oss-120b", "B200"): INFERENCEX_GPT_OSS_B200,
                        ("moonshotai/Kimi-K2.5", "H200"): INFERENCEX_KIMI,
                        ("moonshotai/Kimi-K2.5", "B200"): INFERENCEX_KIMI,
-                       ("MiniMaxAI/MiniMax-M2.5", "H200"): INFERENCEX_MINIMAX}
+                       ("MiniMaxAI/MiniMax-M2.5", "H100-SXM"): INFERENCEX_MINIMAX_H100,
+                       ("MiniMaxAI/MiniMax-M2.5", "H200"): INFERENCEX_MINIMAX,
+                       ("MiniMaxAI/MiniMax-M2.5", "B200"): INFERENCEX_MINIMAX_BLACKWELL,
+                       ("MiniMaxAI/MiniMax-M2.5", "B300"): INFERENCEX_MINIMAX_BLACKWELL}
 AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, length_ratio=1.0, kv_cache_dtype="auto",
                                    max_num_seqs_is_concurrency=False)
 
@@ -165,10 +182,12 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     return SglangLaunch(INFERENCEX.kv_cache_dtype, None, concurrency)
 
 
-def protocol_for(source: str, model_id: str = "", gpu: str = "") -> BenchmarkProtocol:
-    """The benchmark protocol of a silicon_sample row, from its ``source`` text, model id and GPU."""
+def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = "") -> BenchmarkProtocol:
+    """The benchmark protocol of a silicon_sample row, from its ``source`` text, model id, GPU and engine version."""
     if "aic-auto-gap-analysis" in source:
         return AICONFIGURATOR
+    if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "B200") and version.startswith("0.17"):
+        return INFERENCEX_MINIMAX  # the B200 script before 2026-04-03
     return INFERENCEX_BY_MODEL.get((model_id, gpu), INFERENCEX)
 
 
@@ -245,7 +264,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     version = "" if pd.isna(row["backend_version"]) else str(row["backend_version"])
     if not concurrency:
         return _skip(row, "neither concurrency nor batch_size is recorded")
-    protocol = protocol_for(str(row["source"]), str(row["model"]), str(row["gpu"]))
+    protocol = protocol_for(str(row["source"]), str(row["model"]), str(row["gpu"]), version)
     isl, osl = int(row["isl"]), int(row["osl"])
     if protocol.length_ratio < 1:
         spec = (f"uniform:{int(isl * protocol.length_ratio)}-{isl}:"
@@ -255,7 +274,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     workload = build_workload(spec, concurrency * protocol.requests_per_client, concurrency=concurrency, seed=seed)
     kv_cache_dtype, prefix_caching = protocol.kv_cache_dtype, protocol.prefix_caching
     max_num_seqs = concurrency if protocol.max_num_seqs_is_concurrency else None
-    max_num_batched_tokens = recv_interval = None
+    max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
+    recv_interval = None
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
         launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], concurrency, isl, osl,
                                           version, _GEMM_QUANT_DTYPES[quant])

@@ -144,19 +144,19 @@ def test_cli_rejects_an_unknown_row_id() -> None:
     assert result.exit_code == 2 and "no-such-run" in result.output
 
 
-@pytest.mark.parametrize(("model_id", "gpu", "tp", "kv", "running", "chunk"), [
-    ("deepseek-ai/DeepSeek-R1", "H200", 8, "auto", {512, 256}, 32768),  # dsr1_fp8_h200.sh: no KV dtype
-    ("deepseek-ai/DeepSeek-R1", "B200", 8, "fp8", {128}, 32768),  # dsr1_fp8_b200.sh caps TP 8 at 128 requests
-    ("Qwen/Qwen3.5-397B-A17B", "H200", 8, "fp8", {128}, 16384),
+@pytest.mark.parametrize(("model_id", "gpu", "tp", "kv", "chunk"), [
+    ("deepseek-ai/DeepSeek-R1", "H200", 8, "auto", 32768),  # dsr1_fp8_h200.sh passes no KV dtype
+    ("deepseek-ai/DeepSeek-R1", "B200", 4, "fp8", 8192),
+    ("Qwen/Qwen3.5-397B-A17B", "H200", 8, "fp8", 16384),
 ])
 def test_inferencex_sglang_rows_follow_their_scripts(rows: pd.DataFrame, model_id: str, gpu: str, tp: int, kv: str,
-                                                     running: set[int], chunk: int) -> None:
+                                                     chunk: int) -> None:
     selected = rows[(rows["model"] == model_id) & (rows["gpu"] == gpu) & (rows["backend"] == "sglang")
                     & (rows["tp"] == tp) & rows["gemm_quant"].isin(["fp8", "fp8_block"])
                     & ~rows["source"].str.contains("aic-auto-gap-analysis")]
-    cases = [silicon_case(row) for row in selected.to_dict("records")]
+    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
     assert cases and all(c.kv_cache_dtype == kv and c.max_num_batched_tokens == chunk for c in cases)
-    assert {c.max_num_seqs for c in cases} <= running and not any(c.prefix_caching for c in cases)
+    assert all(c.max_num_seqs == c.concurrency and not c.prefix_caching for c in cases)
 
 
 @pytest.mark.parametrize(("version", "kv", "budget_per_isl"), [("0.17.0", "auto", None), ("0.19.0", "fp8", 2)])

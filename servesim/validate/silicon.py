@@ -138,48 +138,50 @@ def inferencex_sglang_recv_interval(model_id: str, gpu: str, tp: int, concurrenc
 @dataclass(frozen=True)
 class SglangLaunch:
     """The flags of an InferenceX SGLang launch the replay follows besides ``--scheduler-recv-interval``: the KV-cache
-    dtype (``auto`` where the script passes none), ``--chunked-prefill-size`` and ``--max-running-requests`` (None:
-    SGLang's default) and whether the radix cache is on."""
+    dtype (``auto`` where the script passes none), ``--chunked-prefill-size`` (None: SGLang's default) and whether the
+    radix cache is on."""
 
     kv_cache_dtype: str
     chunked_prefill_size: int | None
-    max_running_requests: int | None
     radix_cache: bool = False
 
 
-def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int, isl: int, osl: int, version: str,
-                             dtype: str) -> SglangLaunch:
+def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, version: str, dtype: str) -> SglangLaunch:
     """The launch flags of an InferenceX SGLang run, from the script its GPU and model ran (versions of the rows'
     dates in ``benchmarks/single_node/``):
 
     - ``dsr1_fp8_h200.sh`` (2026-03-27, 626932a11): no KV-cache dtype, ``--chunked-prefill-size 32768``,
-      ``--max-running-requests`` 512 at 1,024/1,024 and 256 otherwise, ``--disable-radix-cache``;
-    - ``dsr1_fp8_b200.sh`` (626932a11) and ``dsr1_fp8_b300.sh`` (2026-04-17, 5b302f147): ``fp8_e4m3`` KV; at TP 8
-      chunks of 32,768 and 128 running requests, at TP 4 8,192 and 32; no radix cache;
-    - ``qwen3.5_fp8_h200.sh`` (626932a11): ``fp8_e4m3`` KV, chunks of 16,384, 128 running; no radix cache;
-    - ``qwen3.5_fp8_b200.sh`` and ``qwen3.5_bf16_b200.sh`` (626932a11): chunks of 32,768, 128 running, ``fp8_e4m3``
-      KV for the FP8 checkpoint only; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef, the 0.5.10 runs): chunks of
-      16,384, ``--max-running-requests $CONC``; the earlier 0.5.9 B300 runs get the B200 recipe;
+      ``--disable-radix-cache``;
+    - ``dsr1_fp8_b200.sh`` (626932a11) and ``dsr1_fp8_b300.sh`` (2026-04-17, 5b302f147): ``fp8_e4m3`` KV, chunks of
+      32,768 at TP 8 and 8,192 at TP 4, no radix cache;
+    - ``qwen3.5_fp8_h200.sh`` (626932a11): ``fp8_e4m3`` KV, chunks of 16,384, no radix cache;
+    - ``qwen3.5_fp8_b200.sh`` and ``qwen3.5_bf16_b200.sh`` (626932a11): chunks of 32,768, ``fp8_e4m3`` KV for the
+      FP8 checkpoint only; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef, the 0.5.10 runs): chunks of 16,384; the
+      earlier 0.5.9 B300 runs get the B200 recipe;
     - ``glm5_fp8_h200.sh`` (626932a11): SGLang's defaults but ``--mem-fraction-static 0.85`` (radix cache on, KV in
       the model's dtype); ``glm5_fp8_b200.sh`` and ``glm5_fp8_b300.sh`` (2026-04-17, 6c66a00d9): ``fp8_e4m3`` KV,
-      chunks of 32,768, ``--max-running-requests $CONC``, no radix cache.
+      chunks of 32,768, no radix cache.
+
+    Their ``--max-running-requests`` is not replayed (the running requests stay capped at the concurrency): the B200
+    DeepSeek and Qwen3.5 scripts cap TP 8 (DeepSeek) and every layout (Qwen3.5) at 128, but the file's 256- and
+    512-client runs of those layouts ran more at once (DeepSeek-R1 TP 8 at 512 clients: TPOT 68.8 ms against 28.7
+    ms at 128, TTFT 3.1 s, not the request lifetimes a cap of 128 would queue them for), so they came from another
+    launch.
     """
     model = model_id.lower()
     if "deepseek" in model:
         if gpu == "H200":
-            return SglangLaunch("auto", 32768, 512 if (isl, osl) == (1024, 1024) else 256)
-        return SglangLaunch("fp8", 32768, 128) if tp == 8 else SglangLaunch("fp8", 8192, 32)
+            return SglangLaunch("auto", 32768)
+        return SglangLaunch("fp8", 32768 if tp == 8 else 8192)
     if "qwen3.5" in model:
-        if gpu == "H200":
-            return SglangLaunch("fp8", 16384, 128)
-        if gpu == "B300" and version.startswith("0.5.10"):
-            return SglangLaunch("fp8", 16384, concurrency)
-        return SglangLaunch("auto" if dtype == "bf16" else "fp8", 32768, 128)
+        if gpu == "H200" or (gpu == "B300" and version.startswith("0.5.10")):
+            return SglangLaunch("fp8", 16384)
+        return SglangLaunch("auto" if dtype == "bf16" else "fp8", 32768)
     if "glm-5" in model:
         if gpu == "H200":
-            return SglangLaunch("auto", None, None, radix_cache=True)
-        return SglangLaunch("fp8", 32768, concurrency)
-    return SglangLaunch(INFERENCEX.kv_cache_dtype, None, concurrency)
+            return SglangLaunch("auto", None, radix_cache=True)
+        return SglangLaunch("fp8", 32768)
+    return SglangLaunch(INFERENCEX.kv_cache_dtype, None)
 
 
 def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = "") -> BenchmarkProtocol:
@@ -277,10 +279,10 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
     recv_interval = None
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
-        launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], concurrency, isl, osl,
-                                          version, _GEMM_QUANT_DTYPES[quant])
+        launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], version,
+                                          _GEMM_QUANT_DTYPES[quant])
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
-        max_num_seqs, max_num_batched_tokens = launch.max_running_requests, launch.chunked_prefill_size
+        max_num_batched_tokens = launch.chunked_prefill_size
         recv_interval = inferencex_sglang_recv_interval(str(row["model"]), str(row["gpu"]), layout[0], concurrency,
                                                         version)
     return ServingCase(

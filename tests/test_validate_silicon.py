@@ -169,3 +169,10 @@ def test_minimax_b200_rows_follow_the_script_of_their_release(rows: pd.DataFrame
     cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
     assert cases and all(c.kv_cache_dtype == kv for c in cases)
     assert all(c.max_num_batched_tokens == (budget_per_isl and budget_per_isl * c.isl) for c in cases)
+
+
+def test_qwen35_fp8_rows_run_the_block_scaled_checkpoint(rows: pd.DataFrame) -> None:
+    # InferenceX serves Qwen/Qwen3.5-397B-A17B-FP8, whose weights carry 128 x 128 block scales.
+    selected = rows[(rows["model"] == "Qwen/Qwen3.5-397B-A17B") & (rows["gemm_quant"] == "fp8")]
+    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    assert cases and {c.dtype for c in cases} == {"fp8-block"}

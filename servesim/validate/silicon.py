@@ -39,6 +39,17 @@ BAR_PRESETS = ("llama3.1-8b", "llama3.1-70b", "qwen3-32b")
 #: ``int4_wo`` is Kimi-K2.5's checkpoint of INT4 weight-only experts (servesim's ``int4``).
 _GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block", "nvfp4": "mxfp4",
                       "int4_wo": "int4"}
+#: Models whose ``fp8`` rows ran a block-scaled FP8 checkpoint that servesim's preset (the BF16 release's config)
+#: does not declare: InferenceX serves ``Qwen/Qwen3.5-397B-A17B-FP8`` (``.github/configs/nvidia-master.yaml``),
+#: Qwen's FP8 release, whose weights carry one scale per 128 x 128 block (``weight_block_size``) as Qwen's FP8
+#: checkpoints do.
+FP8_BLOCK_CHECKPOINTS = frozenset({"Qwen/Qwen3.5-397B-A17B"})
+
+
+def _weight_format(model_id: str, quant: str) -> str:
+    """servesim's ``--dtype`` for a row's ``gemm_quant``."""
+    dtype = _GEMM_QUANT_DTYPES[quant]
+    return "fp8-block" if dtype == "fp8" and model_id in FP8_BLOCK_CHECKPOINTS else dtype
 
 
 @dataclass(frozen=True)
@@ -274,13 +285,13 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     else:
         spec = f"fixed:{isl}:{osl}"
     workload = build_workload(spec, concurrency * protocol.requests_per_client, concurrency=concurrency, seed=seed)
+    weights = _weight_format(str(row["model"]), quant)
     kv_cache_dtype, prefix_caching = protocol.kv_cache_dtype, protocol.prefix_caching
     max_num_seqs = concurrency if protocol.max_num_seqs_is_concurrency else None
     max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
     recv_interval = None
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
-        launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], version,
-                                          _GEMM_QUANT_DTYPES[quant])
+        launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], version, weights)
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
         max_num_batched_tokens = launch.chunked_prefill_size
         recv_interval = inferencex_sglang_recv_interval(str(row["model"]), str(row["gpu"]), layout[0], concurrency,
@@ -289,7 +300,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
         engine_version=version,
-        dtype=_GEMM_QUANT_DTYPES[quant], tp=layout[0], ep=layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
+        dtype=weights, tp=layout[0], ep=layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

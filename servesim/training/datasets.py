@@ -474,9 +474,19 @@ def _local_experts(frame: pd.DataFrame) -> list[dict[str, object]]:
     return shapes
 
 
+#: An MXFP4 MoE row's precision (servesim.data.aiconfigurator ``dtype``) -> (activation dtype, weight dtype).
+_MXFP4_ROW_DTYPES = {"mxfp4": ("bf16", "mxfp4"), "mxfp4_mxfp8": ("fp8", "mxfp4")}
+
+
 def _moe_kernels(frame: pd.DataFrame, kernel_class: type[FusedMoE] = FusedMoE) -> list[Kernel]:
-    return [kernel_class(**shape, dtype=str(dtype), scale="" if scaling == "none" else str(scaling))
-            for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"])]
+    """Each row's routed experts; MXFP4 experts keep their format in ``weight_dtype`` and multiply BF16 or (MXFP8)
+    FP8 activations, their block scales inside the kernel."""
+    kernels: list[Kernel] = []
+    for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"]):
+        act, weights = _MXFP4_ROW_DTYPES.get(str(dtype), (str(dtype), ""))
+        scale = "" if weights or scaling == "none" else str(scaling)
+        kernels.append(kernel_class(**shape, dtype=act, scale=scale, weight_dtype=weights))
+    return kernels
 
 
 #: FlashInfer's TensorRT-LLM fused MoE as each engine's collector names it (FP8 block and per-tensor, BF16, and
@@ -490,14 +500,10 @@ TRTLLM_MOE_SOURCES = frozenset({
     "vllm_mxfp4moe_flashinfer_trtllm_mxfp4_mxfp8_trtllmmxfp4expertsmodular",
 })
 
-#: A TRT-LLM MoE row's precision (servesim.data.aiconfigurator ``dtype``) -> (activation dtype, weight dtype).
-_TRTLLM_MXFP4_DTYPES = {"mxfp4": ("bf16", "mxfp4"), "mxfp4_mxfp8": ("fp8", "mxfp4")}
-
-
 def _read_trtllm_moe(options: DataOptions) -> pd.DataFrame:
     from servesim.data.aiconfigurator import load_moe
 
-    return load_moe(dtypes=("bf16", "fp8", *_TRTLLM_MXFP4_DTYPES))
+    return load_moe(dtypes=("bf16", "fp8", *_MXFP4_ROW_DTYPES))
 
 
 def _prepare_trtllm_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
@@ -507,14 +513,7 @@ def _prepare_trtllm_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.Data
 
 
 def _trtllm_moe_kernels(frame: pd.DataFrame) -> list[Kernel]:
-    """The TRT-LLM MoE of each row; MXFP4 experts keep their format in ``weight_dtype`` and multiply BF16 or (MXFP8)
-    FP8 activations, their block scales inside the kernel."""
-    kernels: list[Kernel] = []
-    for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"]):
-        act, weights = _TRTLLM_MXFP4_DTYPES.get(str(dtype), (str(dtype), ""))
-        scale = "" if weights or scaling == "none" else str(scaling)
-        kernels.append(TrtllmMoE(**shape, dtype=act, scale=scale, weight_dtype=weights))
-    return kernels
+    return _moe_kernels(frame, TrtllmMoE)
 
 
 def _read_marlin_moe(options: DataOptions) -> pd.DataFrame:
@@ -595,7 +594,8 @@ def _index_logits_kernels(frame: pd.DataFrame) -> list[Kernel]:
 
     model = get_model(_DSA_TABLE_MODEL)
     sglang = get_engine_kernels("sglang")
-    backends = {name: sglang.attention_backend(get_gpu(name).architecture) for name in frame["gpu"].astype(str).unique()}
+    backends = {name: sglang.attention_backend(get_gpu(name).architecture)
+                for name in frame["gpu"].astype(str).unique()}
     kernels: list[Kernel] = []
     for (q, kv), gpu in zip(_dsa_lengths(frame), frame["gpu"].astype(str)):
         common = indexer_logits_args(model, backends[gpu])

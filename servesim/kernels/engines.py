@@ -218,8 +218,8 @@ VLLM = VllmKernels(
     attention_backends={"ampere": "fa2", "ada": "fa2", "hopper": "fa3", "blackwell": "flashinfer"},
     splits_mixed_attention=("flashinfer",),
     # vllm/model_executor/layers/quantization/mxfp4.py get_mxfp4_backend: Marlin below compute capability 9.0
-    # (and wherever VLLM_MXFP4_USE_MARLIN=1), Triton matmul_ogs on Hopper, and on compute capability 10.0 with
-    # FlashInfer FlashInfer's TRT-LLM MXFP4 MoE, BF16 activations unless VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1.
+    # (and wherever VLLM_MXFP4_USE_MARLIN=1), Triton matmul_ogs on Hopper, and on compute capability 10.0 (FlashInfer
+    # installed) FlashInfer's TRT-LLM MXFP4 MoE, BF16 activations unless VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1.
     mxfp4_moe_backends={"ampere": "marlin", "ada": "marlin", "blackwell": "flashinfer"},
 )
 
@@ -232,12 +232,12 @@ SGLANG = SglangKernels(
     default_page_size=1,
     backend_page_sizes={"trtllm_mha": 64},
     fp8_tensor_library="sgl_kernel",
-    # python/sglang/srt/server_args.py (0.5.9, 0.5.10): on compute capability 10.x with no all-to-all backend,
-    # --moe-runner-backend auto becomes flashinfer_trtllm for FP8 DeepSeek-V3/R1, Kimi-K2 and GLM-5 checkpoints and
-    # for FP8 or unquantised Qwen3-MoE and Qwen3.5 ones; elsewhere FP8 block MoE stays on the Triton fused_moe.
-    # server_args.py (0.5.x), gpt-oss with MXFP4 experts on Blackwell: --moe-runner-backend auto becomes
-    # flashinfer_mxfp4 (the TRT-LLM MXFP4 MoE, BF16 activations); triton_kernel elsewhere.
+    # python/sglang/srt/server_args.py (0.5.x), gpt-oss with MXFP4 experts on Blackwell: --moe-runner-backend auto
+    # becomes flashinfer_mxfp4 (the TRT-LLM MXFP4 MoE, BF16 activations); triton_kernel elsewhere.
     mxfp4_moe_backends={"blackwell": "flashinfer"},
+    # server_args.py (0.5.9, 0.5.10): on compute capability 10.x with no all-to-all backend, --moe-runner-backend
+    # auto becomes flashinfer_trtllm for FP8 DeepSeek-V3/R1, Kimi-K2 and GLM-5 checkpoints and for FP8 or
+    # unquantised Qwen3-MoE and Qwen3.5 ones; elsewhere FP8 block MoE stays on the Triton fused_moe.
     trtllm_moe={"blackwell": {
         **{family: ("fp8", "fp8-block") for family in ("deepseek_v3", "kimi_k2", "glm_moe_dsa", "deepseek_v32")},
         **{family: ("fp8", "fp8-block", "bf16") for family in ("qwen3_moe", "qwen3_5_moe_text")},

@@ -124,51 +124,33 @@ AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, len
                                    max_num_seqs_is_concurrency=False)
 
 
-#: InferenceX's SGLang launch scripts pass ``--scheduler-recv-interval``: ``benchmarks/single_node/dsr1_fp8_b200.sh``
-#: (2026-03-11, 64c20b6b5; its B300 copy ``dsr1_fp8_b300.sh`` of 2026-04-17, 5b302f147) 10 below 16 clients and 30
-#: from 16 at TP 8, 10 at TP 4; ``qwen3.5_fp8_b200.sh`` (2026-03-23, 6a5dad463) and ``qwen3.5_bf16_b200.sh``
-#: (2026-02-19, 9dc87a68c) 10 below 16 clients, 30 from 16; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef) 10. The
-#: H200 DeepSeek script ``dsr1_fp8_h200.sh`` passes none (SGLang's default, 1). The B300 Qwen3.5 runs on SGLang
-#: 0.5.9 (marked wip, 2026-04-03) predate the B300 script and are given the B200 recipe's values.
-#: The (model family, GPU) pairs whose scripts pass it:
-INFERENCEX_SGLANG_RECV_INTERVAL = {("deepseek", "B200"), ("deepseek", "B300"), ("qwen3.5", "B200"), ("qwen3.5", "B300")}
-
-
-def inferencex_sglang_recv_interval(model_id: str, gpu: str, tp: int, concurrency: int, version: str) -> int | None:
-    """The ``--scheduler-recv-interval`` of an InferenceX SGLang run, from its script (None: not passed)."""
-    family = "deepseek" if "deepseek" in model_id.lower() else "qwen3.5" if "qwen3.5" in model_id.lower() else ""
-    if (family, gpu) not in INFERENCEX_SGLANG_RECV_INTERVAL:
-        return None
-    if family == "qwen3.5" and gpu == "B300" and version.startswith("0.5.10"):
-        return 10  # qwen3.5_fp8_b300.sh of 2026-04-17, the runs of 2026-04-17/18
-    if family == "deepseek" and tp == 4:
-        return 10
-    return 10 if concurrency < 16 else 30
-
-
 @dataclass(frozen=True)
 class SglangLaunch:
-    """The flags of an InferenceX SGLang launch the replay follows besides ``--scheduler-recv-interval``: the KV-cache
-    dtype (``auto`` where the script passes none), ``--chunked-prefill-size`` (None: SGLang's default) and whether the
-    radix cache is on."""
+    """The flags of an InferenceX SGLang launch the replay follows: the KV-cache dtype (``auto`` where the script
+    passes none), ``--chunked-prefill-size`` (None: SGLang's default), whether the radix cache is on and
+    ``--scheduler-recv-interval`` (None: not passed, SGLang's default 1)."""
 
     kv_cache_dtype: str
     chunked_prefill_size: int | None
     radix_cache: bool = False
+    recv_interval: int | None = None
 
 
-def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, version: str, dtype: str) -> SglangLaunch:
+def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int, version: str,
+                             dtype: str) -> SglangLaunch:
     """The launch flags of an InferenceX SGLang run, from the script its GPU and model ran (versions of the rows'
     dates in ``benchmarks/single_node/``):
 
     - ``dsr1_fp8_h200.sh`` (2026-03-27, 626932a11): no KV-cache dtype, ``--chunked-prefill-size 32768``,
-      ``--disable-radix-cache``;
-    - ``dsr1_fp8_b200.sh`` (626932a11) and ``dsr1_fp8_b300.sh`` (2026-04-17, 5b302f147): ``fp8_e4m3`` KV, chunks of
-      32,768 at TP 8 and 8,192 at TP 4, no radix cache;
-    - ``qwen3.5_fp8_h200.sh`` (626932a11): ``fp8_e4m3`` KV, chunks of 16,384, no radix cache;
-    - ``qwen3.5_fp8_b200.sh`` and ``qwen3.5_bf16_b200.sh`` (626932a11): chunks of 32,768, ``fp8_e4m3`` KV for the
-      FP8 checkpoint only; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef, the 0.5.10 runs): chunks of 16,384; the
-      earlier 0.5.9 B300 runs get the B200 recipe;
+      ``--disable-radix-cache``, no receive interval;
+    - ``dsr1_fp8_b200.sh`` (2026-03-11, 64c20b6b5, as of 626932a11) and ``dsr1_fp8_b300.sh`` (2026-04-17,
+      5b302f147): ``fp8_e4m3`` KV, no radix cache; at TP 8 chunks of 32,768 and a receive interval of 10 below 16
+      clients, 30 from 16; at TP 4 chunks of 8,192 and an interval of 10;
+    - ``qwen3.5_fp8_h200.sh`` (626932a11): ``fp8_e4m3`` KV, chunks of 16,384, no radix cache, no receive interval;
+    - ``qwen3.5_fp8_b200.sh`` (2026-03-23, 6a5dad463, as of 626932a11) and ``qwen3.5_bf16_b200.sh`` (2026-02-19,
+      9dc87a68c): chunks of 32,768, ``fp8_e4m3`` KV for the FP8 checkpoint only, a receive interval of 10 below 16
+      clients, 30 from 16; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef, the 0.5.10 runs): chunks of 16,384, an
+      interval of 10; the earlier 0.5.9 B300 runs (marked wip, 2026-04-03) predate it and get the B200 recipe;
     - ``glm5_fp8_h200.sh`` (626932a11): SGLang's defaults but ``--mem-fraction-static 0.85`` (radix cache on, KV in
       the model's dtype); ``glm5_fp8_b200.sh`` and ``glm5_fp8_b300.sh`` (2026-04-17, 6c66a00d9): ``fp8_e4m3`` KV,
       chunks of 32,768, no radix cache.
@@ -180,14 +162,20 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, version: str, dty
     launch.
     """
     model = model_id.lower()
+    by_clients = 10 if concurrency < 16 else 30
+    blackwell_recipe = gpu in ("B200", "B300")
     if "deepseek" in model:
         if gpu == "H200":
             return SglangLaunch("auto", 32768)
-        return SglangLaunch("fp8", 32768 if tp == 8 else 8192)
+        return SglangLaunch("fp8", 32768 if tp == 8 else 8192,
+                            recv_interval=(by_clients if tp != 4 else 10) if blackwell_recipe else None)
     if "qwen3.5" in model:
-        if gpu == "H200" or (gpu == "B300" and version.startswith("0.5.10")):
+        if gpu == "H200":
             return SglangLaunch("fp8", 16384)
-        return SglangLaunch("auto" if dtype == "bf16" else "fp8", 32768)
+        if gpu == "B300" and version.startswith("0.5.10"):
+            return SglangLaunch("fp8", 16384, recv_interval=10)
+        return SglangLaunch("auto" if dtype == "bf16" else "fp8", 32768,
+                            recv_interval=by_clients if blackwell_recipe else None)
     if "glm-5" in model:
         if gpu == "H200":
             return SglangLaunch("auto", None, radix_cache=True)
@@ -291,11 +279,10 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
     recv_interval = None
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
-        launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], version, weights)
+        launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], concurrency, version,
+                                          weights)
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
-        max_num_batched_tokens = launch.chunked_prefill_size
-        recv_interval = inferencex_sglang_recv_interval(str(row["model"]), str(row["gpu"]), layout[0], concurrency,
-                                                        version)
+        max_num_batched_tokens, recv_interval = launch.chunked_prefill_size, launch.recv_interval
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),

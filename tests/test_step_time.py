@@ -4,6 +4,7 @@ close to the exact batch (and equal it on the grid)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -31,44 +32,55 @@ BATCHES = {
 }
 
 
-def _attention_us(model: StepTimeModel, batch: BatchSpec, stage: int, floor_us: float) -> float:
-    """A stage's attention time in ``batch`` from the expanded kernels of ``batch`` (floored at ``floor_us``)."""
+def _attention_parts(model: StepTimeModel, batch: BatchSpec, stage: int) -> tuple[float, int]:
+    """A stage's attention kernel time in ``batch`` and its number of attention launches, from the expanded
+    kernels of ``batch``."""
     step = model.expand_stage(batch, stage)
-    return sum(max(float(model.estimator.predict_us([op], model.gpu)[0]), floor_us) * repeats
-               for op, repeats in step.op_counts if isinstance(op, (AttentionDecode, AttentionPrefill)))
+    parts = [(float(model.estimator.predict_us([op], model.gpu)[0]) * repeats, repeats)
+             for op, repeats in step.op_counts if isinstance(op, (AttentionDecode, AttentionPrefill))]
+    return sum(us for us, _ in parts), sum(n for _, n in parts)
+
+
+def _launch_bound(model: StepTimeModel, kernel_us: float, launches: int, eager: bool) -> float:
+    """Eager kernels last their time or the CPU's time to launch them, whichever is longer."""
+    return max(kernel_us, launches * model.overhead.eager_launch_us) if eager else kernel_us
 
 
 def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[float, ...], float]:
     """Each stage's time and the host overhead, from every kernel and collective of the expanded step: eager
-    kernels floored at the launch cost, attention eager outside full graphs, a graph launch per stage and per
-    eager attention call in a piecewise graph, and each stage's share of the device time the kernels leave out.
-    A step of decodes and prompt chunks times its attention as the smaller of its launched kernels and the
-    decodes' and the chunks' kernels apart."""
-    floor_us = model.overhead.eager_launch_us
+    kernels (and collectives) lasting at least their launches, attention eager outside full graphs, a graph launch
+    per stage and per eager attention call in a piecewise graph, and each stage's share of the device time the
+    kernels leave out. A step of decodes and prompt chunks times its attention as the smaller of its launched
+    kernels and the decodes' and the chunks' kernels apart."""
     stages, launches = [], 0
     mixed = bool(batch.prefills and batch.decodes)
     for stage in range(model.par.pp):
         step = model.expand_stage(batch, stage)
-        attention_floor_us = 0.0 if step.graph_mode == "full" else floor_us
-        total = 0.0
+        eager_attention = step.graph_mode != "full"
+        attention_us = _launch_bound(model, *_attention_parts(model, batch, stage), eager_attention)
         if mixed:
-            total += min(_attention_us(model, batch, stage, attention_floor_us),
-                         sum(_attention_us(model, part, stage, attention_floor_us)
-                             for part in (BatchSpec(decodes=batch.decodes), BatchSpec(prefills=batch.prefills))))
+            apart = [_attention_parts(model, part, stage)
+                     for part in (BatchSpec(decodes=batch.decodes), BatchSpec(prefills=batch.prefills))]
+            attention_us = min(attention_us, _launch_bound(model, sum(us for us, _ in apart),
+                                                           sum(n for _, n in apart), eager_attention))
+        # Outside attention: a step with prompt chunks times the ops on its sampled rows (one per request) apart
+        # from the others, each part lasting at least its launches when eager.
+        sampled = set(model._step_part("sampled_rows", batch)) if batch.prefills else set()
+        parts = {False: [0.0, 0], True: [0.0, 0]}  # on the sampled rows or not -> [time, launches]
         for op, repeats in step.op_counts:
+            part = parts[op in sampled]
             if isinstance(op, Collective):
-                total += model.collective_time_us(op, step.graph_mode != "none") * repeats
+                part[0] += model.collective_time_us(op, step.graph_mode != "none") * repeats
+                part[1] += repeats
                 continue
             assert isinstance(op, Kernel)
-            attention = isinstance(op, (AttentionDecode, AttentionPrefill))
-            if attention and step.graph_mode == "piecewise":
-                launches += repeats
-            if attention and mixed:
+            if isinstance(op, (AttentionDecode, AttentionPrefill)):
+                launches += repeats if step.graph_mode == "piecewise" else 0
                 continue
-            us = float(model.estimator.predict_us([op], model.gpu)[0])
-            if step.graph_mode == "none" or (attention and step.graph_mode == "piecewise"):
-                us = max(us, floor_us)
-            total += us * repeats
+            part[0] += float(model.estimator.predict_us([op], model.gpu)[0]) * repeats
+            part[1] += repeats
+        total = attention_us + sum(_launch_bound(model, us, n, step.graph_mode == "none")
+                                   for us, n in parts.values())
         launches += step.graph_mode != "none"
         layers = len(stage_layers(model.model.num_layers, model.par.pp, stage))
         stages.append(total + model.overhead.device_overhead_us(batch.num_requests) * layers / model.model.num_layers)
@@ -78,14 +90,33 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("model_name, par", [("llama3-8b", Parallelism(1, 1)), ("llama3-70b", Parallelism(4, 2)),
                                              ("qwen3-30b-a3b", Parallelism(2, 1))])
-def test_attention_and_the_rest_add_up_to_every_kernel(engine, model_name, par):
-    model = StepTimeModel(build_deployment(get_model(model_name), GPU, par, engine), get_estimator("mlp"))
+@pytest.mark.parametrize("launch_us", [None, 200.0])  # the release's launch cost; one that binds every eager step
+def test_attention_and_the_rest_add_up_to_every_kernel(engine, model_name, par, launch_us):
+    deployment = build_deployment(get_model(model_name), GPU, par, engine)
+    overhead = deployment.release.overhead
+    model = StepTimeModel(deployment, get_estimator("mlp"),
+                          overhead if launch_us is None else replace(overhead, eager_launch_us=launch_us))
     for name, batch in BATCHES.items():
         stages_us, overhead_us = kernel_by_kernel_us(model, batch)
         step = model.step_time_us(batch)
         # The MLP predicts a batch of kernels at once, so the last bits differ from one kernel at a time.
         assert step.stage_us == pytest.approx(stages_us, rel=1e-6), name
         assert step.overhead_us == pytest.approx(overhead_us, rel=1e-12), name
+
+
+def test_an_eager_step_lasts_at_least_its_launches():
+    """The CPU launches an eager step's kernels one after another: the step lasts at least that long, and no
+    longer than it once the launches are cheap enough to hide behind the kernels."""
+    deployment = build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "sglang")
+    batch = BatchSpec((PrefillChunk(64, 0),))
+    launches = sum(n for _, n in StepTimeModel(deployment).expand_stage(batch, 0).op_counts)
+    times_us = {launch_us: StepTimeModel(deployment, get_estimator("mlp"),
+                                         replace(deployment.release.overhead, eager_launch_us=launch_us,
+                                                 device_step_us=0.0, device_per_seq_us=0.0)
+                                         ).step_time_us(batch).stage_us[0]
+                for launch_us in (0.0, 1000.0)}
+    assert times_us[1000.0] == pytest.approx(launches * 1000.0, rel=1e-9)
+    assert 0 < times_us[0.0] < launches * 1000.0
 
 
 def mixed_step(chunks: list[tuple[int, int]], contexts: list[int]) -> tuple[Step, BatchSpec]:

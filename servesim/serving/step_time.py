@@ -221,10 +221,16 @@ class StepTimeModel:
         kernels = [(op, n) for op, n in op_counts if isinstance(op, Kernel) and not _is_attention(op)]
         kernel_us = self.kernel_times_us([op for op, _ in kernels])
         eager = graph_mode == "none"
-        if eager:  # an eager kernel never finishes sooner than the CPU can launch it
-            kernel_us = np.maximum(kernel_us, self.overhead.eager_launch_us)
-        comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in op_counts if isinstance(op, Collective))
-        return float(kernel_us @ np.array([n for _, n in kernels])) + comm_us
+        collectives = [(op, n) for op, n in op_counts if isinstance(op, Collective)]
+        comm_us = sum(self.collective_time_us(op, not eager) * n for op, n in collectives)
+        gpu_us = float(kernel_us @ np.array([n for _, n in kernels])) + comm_us
+        return max(gpu_us, self.launch_bound_us(sum(n for _, n in (*kernels, *collectives)))) if eager else gpu_us
+
+    def launch_bound_us(self, launches: float) -> float:
+        """The least time ``launches`` eager launches take: the CPU issues them one after another while the GPU runs
+        what it was given, so a stretch of eager kernels lasts their GPU time or the CPU's time to launch them,
+        whichever is longer (a short kernel costs nothing extra while a long one keeps the GPU busy)."""
+        return launches * self.overhead.eager_launch_us
 
     def layer_attention_us(self, batch: BatchSpec) -> tuple[float, float]:
         """One layer's attention time, µs, and its mean number of kernels (memoised)."""
@@ -251,8 +257,8 @@ class StepTimeModel:
             for i, batch in enumerate(new):
                 eager = self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full"
                 # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager step):
-                # it pays the launch floor.
-                total_us = [float(np.maximum(span, self.overhead.eager_launch_us).sum() if eager else span.sum())
+                # it is launch-bound where its kernels are shorter than their launches.
+                total_us = [max(float(span.sum()), self.launch_bound_us(len(span))) if eager else float(span.sum())
                             for span in (spans[i], spans[len(new) + i]) if len(span)]
                 known[batch] = (min(total_us) / cycle, len(launched[i]) / cycle)
         return [known[batch] for batch in batches]

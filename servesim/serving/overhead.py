@@ -6,8 +6,9 @@ no kernel model accounts for. servesim models that cost with these terms:
 
 - ``step_us``: fixed cost of one step (scheduling, input preparation, the sampler hand-off);
 - ``per_seq_us``: what each request in the batch adds (scheduler bookkeeping, block tables, detokenisation);
-- ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph, a floor under every eager kernel
-  (the GPU cannot finish kernels faster than the CPU issues them);
+- ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph: a stretch of eager kernels lasts
+  their GPU time or their launches' CPU time, whichever is longer (the GPU cannot finish kernels faster than the
+  CPU issues them);
 - ``graph_launch_us``: replaying one captured CUDA graph;
 - ``device_step_us`` and ``device_per_seq_us``: GPU time of a step that the kernel model leaves out (gaps
   between kernels, synchronisation, the sampler's bookkeeping), spread over the pipeline stages by their layers.
@@ -79,6 +80,17 @@ class HostOverhead:
 _EAGER_LAUNCH_US = 5.0
 _GRAPH_LAUNCH_US = 15.0
 
+#: SGLang's CPU cost per eager launch, µs. SGLang runs prompt batches eagerly: CUDA graphs cover decode batches, and
+#: its piecewise graphs for prompts are off by default up to 0.5.9 (``enable_piecewise_cuda_graph = False`` in
+#: python/sglang/srt/server_args.py; 0.5.10 turns them on but for listed model classes), so every module's Python
+#: runs per kernel. Read from a public measurement, not fitted: SGLang's log of a DeepSeek-V3 prompt of one new
+#: token at TP 8 gives "forward cost" 82.64 ms eager against 23.1 ms with a prompt CUDA graph (sgl-project/sglang
+#: pull request 12160), and servesim models that step as 1,522 launches (1,398 kernels, 124 collectives: ``servesim
+#: kernels --model deepseek-v3 --engine sglang --tp 8 --dtype fp8-block --batch prefill:1+1``), 54.3 µs each: the
+#: CPU time of a modelled kernel and of the unmodelled glue around it. vLLM runs prompts through torch.compile's
+#: code or piecewise graphs and keeps the 5 µs prior.
+SGLANG_EAGER_LAUNCH_US = 54.3
+
 #: (engine, version) -> constants. ``step_us``, ``per_seq_us``, ``device_step_us`` and ``device_per_seq_us`` were
 #: fitted by ``tools/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
 #: aiconfigurator-core's silicon_sample.csv (vLLM: 0.12.0 runs, scheduled synchronously, and InferenceX runs with
@@ -93,7 +105,7 @@ HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
             device_step_us=470.2, device_per_seq_us=4.007,
         ),
         ("sglang", "0.5.3"): HostOverhead(
-            step_us=81.5, per_seq_us=20.077, eager_launch_us=_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US,
+            step_us=81.5, per_seq_us=20.077, eager_launch_us=SGLANG_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US,
             device_step_us=126.4, device_per_seq_us=23.573,
         ),
     }

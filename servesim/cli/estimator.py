@@ -63,7 +63,8 @@ def _category_option(multiple: bool):
     return click.option("--category", "categories" if multiple else "category", multiple=multiple,
                         default=("gemm",) if multiple else "gemm", show_default=True, callback=_known_categories,
                         help="Kernel category with measured data: gemm, scaled_mm, attn_prefill, attn_decode, moe, "
-                             "moe_marlin, moe_trtllm, index_logits, index_topk, rmsnorm, silu_mul, rope"
+                             "moe_marlin, moe_trtllm, index_logits, index_topk, gdn_prefill, gdn_decode, conv1d, "
+                             "rmsnorm, silu_mul, rope"
                              + (" (repeatable)." if multiple else "."))
 
 

@@ -249,6 +249,27 @@ def load_dsa_kernel(table: str, systems: Iterable[str] | None = None) -> pd.Data
     return tidy(frame, ["batch", "query_len", "prefix_len", "num_heads", "score_mode"])
 
 
+#: aiconfigurator's Gated DeltaNet kernels (the ``linear_attention`` family's ``gdn_perf`` table: Qwen3.5's and
+#: Qwen3-Next's shapes per TP, vLLM 0.24 and SGLang 0.5.14, fla's kernels in both), by servesim kernel category.
+GDN_KERNEL_SOURCES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "gdn_prefill": ("chunk_gated_delta_rule",),
+    "gdn_decode": ("fused_recurrent_gated_delta_rule_packed_decode", "fused_recurrent_gated_delta_rule"),
+    "conv1d": ("causal_conv1d_fn", "causal_conv1d_update"),
+})
+
+
+def load_gdn(systems: Iterable[str] | None = None, backends: Iterable[str] = DEFAULT_BACKENDS) -> pd.DataFrame:
+    """Measured Gated DeltaNet kernels: ``batch`` requests of ``seq_len`` new tokens each (1 for decodes), with
+    ``num_k_heads`` query/key heads and ``num_v_heads`` value heads of ``head_k_dim``/``head_v_dim`` on the GPU and a
+    convolution of width ``d_conv``.
+
+    Columns: gpu, system, backend, backend_version, kernel_source, phase (context or generation), batch, seq_len,
+    num_k_heads, head_k_dim, num_v_heads, head_v_dim, d_conv, latency_us, source."""
+    frame = _load("linear_attention", "gdn_perf", backends, systems).rename(columns={"batch_size": "batch"})
+    return tidy(frame, ["phase", "batch", "seq_len", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim",
+                        "d_conv"])
+
+
 def load_moe(
     dtypes: Iterable[str] = ("bf16", "fp8"),
     backends: Iterable[str] = DEFAULT_BACKENDS,

@@ -79,9 +79,12 @@ def _grid(kernel: Kernel, gpu: GpuSpec) -> tuple[int, int, float, float, str]:
         # slice of the head's state (surrogate: one uniform CTA of 128 threads per token and value head).
         return kernel.tokens * kernel.value_heads, 128, 0.0, 0.0, "fla fused_recurrent"
     if isinstance(kernel, GatedDeltaRuleChunk):
-        # fla chunk_gated_delta_rule: its kernels' grids run a CTA per (chunk, value head); timed as one launch
-        # (surrogate: its Tensor-core work counted on this launch's FMA demand; the roofline times the category).
-        return kernel.chunks * kernel.value_heads, 128, float(kernel.tokens), 0.0, "fla chunk_gated_delta_rule"
+        # fla chunk_gated_delta_rule: the state pass that binds it (chunk_gated_delta_rule_fwd_h) runs a CTA per
+        # (request, value head, 64-wide block of the value dim), each walking its request's chunks in turn, so a
+        # long prompt is a long serial chain on a few SMs; the other kernels' per-chunk work is spread the same way
+        # (surrogate, one launch: its Tensor-core work counted on this launch's FMA demand).
+        ctas = kernel.requests * kernel.value_heads * -(-kernel.value_head_dim // 64)
+        return ctas, 128, float(kernel.tokens), 0.0, "fla chunk_gated_delta_rule"
     if isinstance(kernel, CausalConv1d):
         # causal_conv1d_fn / causal_conv1d_update: CTAs over (request, channel blocks of 128 [decode] / 64 x
         # token blocks [prompt]) (surrogate: 256-thread CTAs over tokens x channels).

@@ -29,9 +29,13 @@ from servesim.features import FeatureMatrix
 from servesim.hardware import get_gpu
 from servesim.kernels.engines import get_engine_kernels
 from servesim.kernels.types import (
+    GDN_CHUNK_TOKENS,
     AttentionDecode,
     AttentionPrefill,
+    CausalConv1d,
     FusedMoE,
+    GatedDeltaRuleChunk,
+    GatedDeltaRuleDecode,
     Gemm,
     IndexLogitsDecode,
     IndexLogitsPrefill,
@@ -604,6 +608,76 @@ def _index_logits_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return _with_harness_l2(frame, kernels, "index_logits")
 
 
+# --- Gated DeltaNet ----------------------------------------------------------------------------------------------
+
+#: vLLM 0.24's own Gated DeltaNet prompt kernel (FlashInfer's, on Hopper and Blackwell), which the vLLM releases
+#: servesim models do not run: they, and SGLang everywhere, run fla's Triton ``chunk_gated_delta_rule``.
+_FLASHINFER_GDN_SOURCE = "chunk_gated_delta_rule_flashinfer"
+
+#: The state dtype of the tables' models (Qwen3.5's configs: ``mamba_ssm_dtype`` float32).
+_GDN_TABLE_STATE_DTYPE = "fp32"
+
+
+def _read_gdn(category: str) -> Callable[[DataOptions], pd.DataFrame]:
+    def read(options: DataOptions) -> pd.DataFrame:
+        from servesim.data.aiconfigurator import GDN_KERNEL_SOURCES, load_gdn
+
+        frame = load_gdn()
+        sources = frame["kernel_source"].astype(str)
+        if category == "gdn_prefill":
+            keep = sources.str.startswith("chunk_gated_delta_rule")  # the Triton and FlashInfer kernels, told apart
+        else:
+            keep = sources.isin(GDN_KERNEL_SOURCES[category])
+        return frame[keep].reset_index(drop=True)
+
+    return read
+
+
+#: New tokens beyond which a Gated DeltaNet row is left out: no step of either engine holds more (their token
+#: budgets, ``--max-num-batched-tokens`` and ``--chunked-prefill-size``, stay below it), and the widest rows' launches
+#: would pass the tasks servesim decomposes.
+_GDN_MAX_STEP_TOKENS = 65536
+
+
+def _prepare_gdn(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    frame = _drop(frame, frame["kernel_source"].astype(str) != _FLASHINFER_GDN_SOURCE,
+                  "FlashInfer's Gated DeltaNet prompt kernel (vLLM 0.24 on Hopper and Blackwell), which the modelled "
+                  "releases do not run", dropped)
+    return _drop(frame, frame["batch"] * frame["seq_len"] <= _GDN_MAX_STEP_TOKENS,
+                 f"more than {_GDN_MAX_STEP_TOKENS:,} new tokens, more than a step holds", dropped)
+
+
+def _gdn_heads(row: Mapping[str, object]) -> dict[str, object]:
+    return dict(key_heads=int(row["num_k_heads"]), value_heads=int(row["num_v_heads"]),
+                key_head_dim=int(row["head_k_dim"]), value_head_dim=int(row["head_v_dim"]), dtype="bf16",
+                state_dtype=_GDN_TABLE_STATE_DTYPE)
+
+
+def _gdn_prefill_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    """``batch`` requests of ``seq_len`` new tokens each, chunked as fla chunks them."""
+    return [GatedDeltaRuleChunk(tokens=int(r["batch"]) * int(r["seq_len"]), requests=int(r["batch"]),
+                                chunks=int(r["batch"]) * -(-int(r["seq_len"]) // GDN_CHUNK_TOKENS), **_gdn_heads(r))
+            for r in frame.to_dict("records")]
+
+
+def _gdn_decode_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return [GatedDeltaRuleDecode(tokens=int(r["batch"]), requests=int(r["batch"]), **_gdn_heads(r))
+            for r in frame.to_dict("records")]
+
+
+def _conv1d_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    """The convolution over the query, key and value channels (``2 * key heads * key dim + value heads * value
+    dim``), as the models' ``linear_conv_dim`` gives it."""
+    return [CausalConv1d(tokens=int(r["batch"]) * int(r["seq_len"]), requests=int(r["batch"]),
+                         channels=2 * int(r["num_k_heads"]) * int(r["head_k_dim"])
+                         + int(r["num_v_heads"]) * int(r["head_v_dim"]),
+                         kernel_width=int(r["d_conv"]), dtype="bf16")
+            for r in frame.to_dict("records")]
+
+
+_GDN_SHAPE = ("phase", "batch", "seq_len", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim")
+
+
 # --- element-wise ------------------------------------------------------------------------------------------------
 
 #: Columns each element-wise category's rows need, as our collections store them: ``hidden`` is the width the
@@ -693,6 +767,11 @@ SOURCES: dict[str, CategorySource] = {
                                  ("batch", "query_len", "prefix_len"), _index_topk_kernels, None),
     "index_logits": CategorySource(_read_dsa("glm5_mqa_logits_module_perf"), _prepare_index_logits,
                                    ("batch", "query_len", "prefix_len"), _index_logits_kernels, None),
+    **{
+        category: CategorySource(_read_gdn(category), _prepare_gdn, _GDN_SHAPE, kernels, None)
+        for category, kernels in (("gdn_prefill", _gdn_prefill_kernels), ("gdn_decode", _gdn_decode_kernels),
+                                  ("conv1d", _conv1d_kernels))
+    },
     **{
         category: CategorySource(_read_vidur(category), _prepare_elementwise(category),
                                  _ELEMENTWISE_COLUMNS[category], kernels, category)

@@ -131,6 +131,7 @@ def test_plan_option_values(option, value):
     ("kernel", "allreduce", "--gpu", "H100", "--gpus", "100000", "--bytes", "1MiB"),
     ("kernel", "allreduce", "--gpu", "H100", "--bytes", "-5"),
     ("latency", "--model", "llama3-8b", "--tp", "3"),
+    ("plan", "--model", "llama3-8b", "--tp", "1", "--pp", "1", "--tolerance", "1e-20"),  # a search that never closes
 ])
 def test_refused_option_values(args):
     result = invoke(*args)

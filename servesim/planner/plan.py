@@ -22,6 +22,7 @@ from servesim.models.parallel import Parallelism, check_layout, validate_paralle
 from servesim.planner.executor import Executor
 from servesim.planner.search import (
     BRACKET_FACTOR,
+    MIN_TOLERANCE,
     OptionResult,
     OptionTask,
     Probe,
@@ -64,6 +65,11 @@ class PlanRequest:
     target: float | None = None  # requests/s (qps) or clients (concurrency) to serve in total
     tolerance: float = 0.05
     gpu_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if not MIN_TOLERANCE <= self.tolerance <= 1:
+            raise ServesimError(f"the search tolerance must be between {MIN_TOLERANCE:g} and 1, not "
+                                f"{self.tolerance:g} (0.05: within 5 %)")
 
     @property
     def kv_cache_dtype(self) -> str:

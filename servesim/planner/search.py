@@ -40,6 +40,9 @@ SEARCH_MODES = ("qps", "concurrency")
 BRACKET_FACTOR = 1.5
 #: A split stays at least this fraction of the bracket (in log load) away from either end.
 SPLIT_MARGIN = 0.1
+#: The finest search tolerance: a bracket split much finer would reach the resolution of a float, where a split
+#: lands on an end and the search never closes.
+MIN_TOLERANCE = 1e-4
 #: Bracketing gives up after this many steps either way (2^12 = 4096 times the start).
 MAX_BRACKET_STEPS = 12
 #: Requests of the unloaded run (one at a time), which tells an SLO tighter than the unloaded latency.

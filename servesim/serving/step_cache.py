@@ -194,7 +194,7 @@ def rest_token_bounds(step_model: StepTimeModel, tokens: int, mode: str) -> tupl
 
     Around :func:`grid_bounds`, with two corrections. GEMM times jump just past multiples of their tile size, which
     grid values are, so the lower bound is the first count past the grid value (padded as the engine pads it). And
-    an eager step times every kernel at least at its launch cost, so the time jumps where CUDA graphs end (vLLM:
+    an eager step lasts at least its launches' CPU time, so the time jumps where CUDA graphs end (vLLM:
     from 512 to 513 tokens): the bounds move in to the first or last count of the step's graph mode."""
     low, high = grid_bounds(tokens)
     if low < tokens:

@@ -43,7 +43,7 @@ def _attention_parts(model: StepTimeModel, batch: BatchSpec, stage: int) -> tupl
 
 def _launch_bound(model: StepTimeModel, kernel_us: float, launches: int, eager: bool) -> float:
     """Eager kernels last their time or the CPU's time to launch them, whichever is longer."""
-    return max(kernel_us, launches * model.overhead.eager_launch_us) if eager else kernel_us
+    return max(kernel_us, launches * model.launch_us) if eager else kernel_us
 
 
 def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[float, ...], float]:
@@ -95,7 +95,8 @@ def test_attention_and_the_rest_add_up_to_every_kernel(engine, model_name, par, 
     deployment = build_deployment(get_model(model_name), GPU, par, engine)
     overhead = deployment.release.overhead
     model = StepTimeModel(deployment, get_estimator("mlp"),
-                          overhead if launch_us is None else replace(overhead, eager_launch_us=launch_us))
+                          overhead if launch_us is None else replace(overhead, eager_launch_us=launch_us,
+                                                                     moe_eager_launch_us=None))
     for name, batch in BATCHES.items():
         stages_us, overhead_us = kernel_by_kernel_us(model, batch)
         step = model.step_time_us(batch)
@@ -117,6 +118,19 @@ def test_an_eager_step_lasts_at_least_its_launches():
                 for launch_us in (0.0, 1000.0)}
     assert times_us[1000.0] == pytest.approx(launches * 1000.0, rel=1e-9)
     assert 0 < times_us[0.0] < launches * 1000.0
+
+
+def test_a_moe_model_pays_the_engines_moe_launch_cost():
+    """Where an engine's MoE layers launch more around each modelled kernel (SGLang), a MoE model's eager launch
+    costs that; a dense model's, and any model's where no MoE cost is given, the plain one."""
+    dense = build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "sglang")
+    moe = build_deployment(get_model("qwen3-30b-a3b"), GPU, Parallelism(1, 1), "sglang")
+    overhead = dense.release.overhead
+    assert overhead.moe_eager_launch_us is not None and overhead.moe_eager_launch_us != overhead.eager_launch_us
+    assert StepTimeModel(dense).launch_us == overhead.eager_launch_us
+    assert StepTimeModel(moe).launch_us == overhead.moe_eager_launch_us
+    plain = replace(overhead, moe_eager_launch_us=None)
+    assert StepTimeModel(moe, overhead=plain).launch_us == overhead.eager_launch_us
 
 
 def mixed_step(chunks: list[tuple[int, int]], contexts: list[int]) -> tuple[Step, BatchSpec]:

@@ -9,6 +9,8 @@ no kernel model accounts for. servesim models that cost with these terms:
 - ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph: a stretch of eager kernels lasts
   their GPU time or their launches' CPU time, whichever is longer (the GPU cannot finish kernels faster than the
   CPU issues them);
+- ``moe_eager_launch_us``: the same in a model with MoE layers, where the engine's code issues more launches (and
+  more Python) around each modelled kernel (None: ``eager_launch_us``);
 - ``graph_launch_us``: replaying one captured CUDA graph;
 - ``device_step_us`` and ``device_per_seq_us``: GPU time of a step that the kernel model leaves out (gaps
   between kernels, synchronisation, the sampler's bookkeeping), spread over the pipeline stages by their layers.
@@ -50,12 +52,19 @@ class HostOverhead:
     request_us: float = 0.0
     per_prompt_token_us: float = 0.0
     request_latency_us: float = 0.0
+    moe_eager_launch_us: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("step_us", "per_seq_us", "eager_launch_us", "graph_launch_us", "device_step_us",
-                     "device_per_seq_us", "request_us", "per_prompt_token_us", "request_latency_us"):
-            if getattr(self, name) < 0:
-                raise ServesimError(f"host overhead {name} must be non-negative, not {getattr(self, name)}")
+                     "device_per_seq_us", "request_us", "per_prompt_token_us", "request_latency_us",
+                     "moe_eager_launch_us"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ServesimError(f"host overhead {name} must be non-negative, not {value}")
+
+    def launch_us(self, moe: bool) -> float:
+        """The CPU cost of one eager launch of a model with (``moe``) or without MoE layers."""
+        return self.moe_eager_launch_us if moe and self.moe_eager_launch_us is not None else self.eager_launch_us
 
     def front_end_us(self, prompt_tokens: int) -> float:
         """The API server's time on one request of ``prompt_tokens`` tokens before the engine sees it."""
@@ -80,16 +89,20 @@ class HostOverhead:
 _EAGER_LAUNCH_US = 5.0
 _GRAPH_LAUNCH_US = 15.0
 
-#: SGLang's CPU cost per eager launch, µs. SGLang runs prompt batches eagerly: CUDA graphs cover decode batches, and
-#: its piecewise graphs for prompts are off by default up to 0.5.9 (``enable_piecewise_cuda_graph = False`` in
-#: python/sglang/srt/server_args.py; 0.5.10 turns them on but for listed model classes), so every module's Python
-#: runs per kernel. Read from a public measurement, not fitted: SGLang's log of a DeepSeek-V3 prompt of one new
-#: token at TP 8 gives "forward cost" 82.64 ms eager against 23.1 ms with a prompt CUDA graph (sgl-project/sglang
-#: pull request 12160), and servesim models that step as 1,522 launches (1,398 kernels, 124 collectives: ``servesim
-#: kernels --model deepseek-v3 --engine sglang --tp 8 --dtype fp8-block --batch prefill:1+1``), 54.3 µs each: the
-#: CPU time of a modelled kernel and of the unmodelled glue around it. vLLM runs prompts through torch.compile's
-#: code or piecewise graphs and keeps the 5 µs prior.
-SGLANG_EAGER_LAUNCH_US = 54.3
+#: SGLang's CPU cost per eager launch, µs, of a dense model and of one with MoE layers. SGLang runs prompt batches
+#: eagerly: CUDA graphs cover decode batches, and its piecewise graphs for prompts are off by default up to 0.5.9
+#: (``enable_piecewise_cuda_graph = False`` in python/sglang/srt/server_args.py; 0.5.10 turns them on but for listed
+#: model classes), so every module's Python runs per kernel. Read from public measurements, not fitted, each over the
+#: launches servesim models for the step measured: SGLang's Llama-3-8B decode of one request without CUDA graphs,
+#: 8.2 to 9.3 ms (against 7.1 to 7.4 ms graphed; sgl-project/sglang pull request 1401), over 324 launches (``servesim
+#: kernels --model llama3-8b --engine sglang --batch decode:128``): 25 to 29 µs each; and its log of a DeepSeek-V3
+#: prompt of one new token at TP 8, "forward cost" 82.64 ms eager against 23.1 ms with a prompt CUDA graph (pull
+#: request 12160), over 1,522 launches (1,398 kernels, 124 collectives: ``servesim kernels --model deepseek-v3
+#: --engine sglang --tp 8 --dtype fp8-block --batch prefill:1+1``): 54.3 µs, the MoE layers' routing, sorting and
+#: quantisation launching around each modelled kernel. vLLM runs prompts through torch.compile's code or piecewise
+#: graphs and keeps the 5 µs prior.
+SGLANG_EAGER_LAUNCH_US = 27.0
+SGLANG_MOE_EAGER_LAUNCH_US = 54.3
 
 #: (engine, version) -> constants. ``step_us``, ``per_seq_us``, ``device_step_us`` and ``device_per_seq_us`` were
 #: fitted by ``tools/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of
@@ -106,7 +119,7 @@ HOST_OVERHEAD: Mapping[tuple[str, str], HostOverhead] = MappingProxyType(
         ),
         ("sglang", "0.5.3"): HostOverhead(
             step_us=81.5, per_seq_us=20.077, eager_launch_us=SGLANG_EAGER_LAUNCH_US, graph_launch_us=_GRAPH_LAUNCH_US,
-            device_step_us=126.4, device_per_seq_us=23.573,
+            device_step_us=126.4, device_per_seq_us=23.573, moe_eager_launch_us=SGLANG_MOE_EAGER_LAUNCH_US,
         ),
     }
 )

@@ -99,6 +99,8 @@ class StepTimeModel:
         self.engine = deployment.engine.name
         self._engine = deployment.engine.kernels
         self.overhead = overhead or deployment.release.overhead
+        #: The CPU cost of one eager launch of this model (servesim/serving/overhead.py).
+        self.launch_us = self.overhead.launch_us(deployment.model.is_moe)
         self.model = model
         self.gpu = gpu
         self.par = par
@@ -139,7 +141,7 @@ class StepTimeModel:
         """What one layer's kernels and their times depend on: everything but the pipeline depth and the host's
         per-step terms (only an eager kernel's launch floor enters a kernel's time)."""
         return (self.engine, self.model, self.gpu, self.par.tp, self.par.ep, self.dtype, self.kv_cache_dtype,
-                self.mxfp4_moe_backend, self.overhead.eager_launch_us)
+                self.mxfp4_moe_backend, self.launch_us)
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
         return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype)
@@ -230,7 +232,7 @@ class StepTimeModel:
         """The least time ``launches`` eager launches take: the CPU issues them one after another while the GPU runs
         what it was given, so a stretch of eager kernels lasts their GPU time or the CPU's time to launch them,
         whichever is longer (a short kernel costs nothing extra while a long one keeps the GPU busy)."""
-        return launches * self.overhead.eager_launch_us
+        return launches * self.launch_us
 
     def layer_attention_us(self, batch: BatchSpec) -> tuple[float, float]:
         """One layer's attention time, µs, and its mean number of kernels (memoised)."""

@@ -139,7 +139,7 @@ class StepTimeModel:
 
     def _layer_identity(self) -> tuple:
         """What one layer's kernels and their times depend on: everything but the pipeline depth and the host's
-        per-step terms (only an eager kernel's launch floor enters a kernel's time)."""
+        per-step terms (only the eager launch cost enters the layers' times)."""
         return (self.engine, self.model, self.gpu, self.par.tp, self.par.ep, self.dtype, self.kv_cache_dtype,
                 self.mxfp4_moe_backend, self.launch_us)
 

@@ -250,9 +250,10 @@ def load_dsa_kernel(table: str, systems: Iterable[str] | None = None) -> pd.Data
 
 
 #: aiconfigurator's Gated DeltaNet kernels (the ``linear_attention`` family's ``gdn_perf`` table: Qwen3.5's and
-#: Qwen3-Next's shapes per TP, vLLM 0.24 and SGLang 0.5.14, fla's kernels in both), by servesim kernel category.
+#: Qwen3-Next's shapes per TP, vLLM 0.24 and SGLang 0.5.14: fla's kernels in both, and vLLM's FlashInfer prompt
+#: kernel on Hopper and Blackwell), by servesim kernel category.
 GDN_KERNEL_SOURCES: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "gdn_prefill": ("chunk_gated_delta_rule",),
+    "gdn_prefill": ("chunk_gated_delta_rule", "chunk_gated_delta_rule_triton", "chunk_gated_delta_rule_flashinfer"),
     "gdn_decode": ("fused_recurrent_gated_delta_rule_packed_decode", "fused_recurrent_gated_delta_rule"),
     "conv1d": ("causal_conv1d_fn", "causal_conv1d_update"),
 })

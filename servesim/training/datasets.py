@@ -623,12 +623,7 @@ def _read_gdn(category: str) -> Callable[[DataOptions], pd.DataFrame]:
         from servesim.data.aiconfigurator import GDN_KERNEL_SOURCES, load_gdn
 
         frame = load_gdn()
-        sources = frame["kernel_source"].astype(str)
-        if category == "gdn_prefill":
-            keep = sources.str.startswith("chunk_gated_delta_rule")  # the Triton and FlashInfer kernels, told apart
-        else:
-            keep = sources.isin(GDN_KERNEL_SOURCES[category])
-        return frame[keep].reset_index(drop=True)
+        return frame[frame["kernel_source"].astype(str).isin(GDN_KERNEL_SOURCES[category])].reset_index(drop=True)
 
     return read
 

@@ -87,6 +87,17 @@ def test_unbuildable_rows_are_reported_with_a_reason(rows: pd.DataFrame) -> None
     assert {"llama3.1-8b", "llama3.1-70b", "qwen3-32b", "glm-5"} <= replayable
 
 
+def test_runs_whose_client_ignored_the_nominal_concurrency_are_skipped(rows: pd.DataFrame) -> None:
+    # InferenceX's gpt-oss H100 script gave its client 512 clients for every run for two weeks of 2025: those rows'
+    # TPOT is that of a few requests at a time, and the server's cap is not recorded.
+    gpt_oss_h100 = rows[(rows["model"] == "openai/gpt-oss-120b") & (rows["gpu"] == "H100-SXM")]
+    outcomes = [silicon_case(row) for row in gpt_oss_h100.to_dict("records")]
+    skipped = [o for o in outcomes if isinstance(o, Skipped)]
+    assert skipped and all("4e135fd3f" in s.reason for s in skipped)
+    assert {gpt_oss_h100.set_index("id").loc[s.case_id, "concurrency"] for s in skipped} == {512}
+    assert any(isinstance(o, ServingCase) for o in outcomes)  # the later runs replay
+
+
 def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
     assert preset_for("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama3.1-8b"
     assert preset_for("meta-llama/Llama-3.1-70B") == "llama3.1-70b"

@@ -17,6 +17,7 @@ Two benchmark protocols are in the file, told apart by the row's ``source``:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -183,6 +184,25 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     return SglangLaunch(INFERENCEX.kv_cache_dtype, None)
 
 
+#: InferenceX's ``benchmarks/gptoss_fp4_h100_docker.sh`` passed its client ``--max-concurrency 512`` whatever the
+#: run's concurrency from 2025-11-21 (d22bf9ca9) until 2025-12-08 (4e135fd3f, "fix h100 docker error"), while the
+#: server kept ``--max-num-seqs $CONC`` and the client sent ``10 × $CONC`` prompts. The gpt-oss H100 rows measured
+#: in that window record 512 clients, but the server ran the nominal few at a time (TP 8, 1k/8k: TPOT 3.57 ms, as at
+#: 4 clients; TTFT 118 s of queueing), and neither the cap nor the request count is recorded.
+_CLIENT_CAP_BUG = ("openai/gpt-oss-120b", "H100-SXM", "2025-11-21", "2025-12-08")
+_MEASURED = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
+
+
+def _protocol_unknown(row: Mapping) -> str | None:
+    """Why a row's run cannot be reconstructed, or None."""
+    model_id, gpu, first, last = _CLIENT_CAP_BUG
+    measured = _MEASURED.search(str(row["source"]))
+    if (row["model"], row["gpu"]) == (model_id, gpu) and measured and first <= measured.group(1) <= last:
+        return ("measured while InferenceX's gptoss_fp4_h100_docker.sh gave its client 512 clients whatever the "
+                "server's --max-num-seqs (fixed in 4e135fd3f): the server's cap and request count are not recorded")
+    return None
+
+
 def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = "") -> BenchmarkProtocol:
     """The benchmark protocol of a silicon_sample row, from its ``source`` text, model id, GPU and engine version."""
     if "aic-auto-gap-analysis" in source:
@@ -261,6 +281,9 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     layout = _layout(row, get_model(preset).is_moe)
     if isinstance(layout, str):
         return _skip(row, layout)
+    unknown = _protocol_unknown(row)
+    if unknown:
+        return _skip(row, unknown)
     concurrency = _int(row["concurrency"]) or _int(row["batch_size"])
     version = "" if pd.isna(row["backend_version"]) else str(row["backend_version"])
     if not concurrency:

@@ -98,6 +98,14 @@ def test_runs_whose_client_ignored_the_nominal_concurrency_are_skipped(rows: pd.
     assert any(isinstance(o, ServingCase) for o in outcomes)  # the later runs replay
 
 
+def test_minimax_runs_keep_the_expert_parallelism_their_script_passed(rows: pd.DataFrame) -> None:
+    # The H200 script passed --enable-expert-parallel for every run from 2026-03-13 (its TP 8 runs), not before.
+    h200 = rows[(rows["model"] == "MiniMaxAI/MiniMax-M2.5") & (rows["gpu"] == "H200")]
+    cases = [silicon_case(row) for row in h200.to_dict("records")]
+    assert {c.ep == c.tp for c in cases if c.tp == 8} == {True}
+    assert {c.ep for c in cases if c.tp == 4} == {1}
+
+
 def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
     assert preset_for("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama3.1-8b"
     assert preset_for("meta-llama/Llama-3.1-70B") == "llama3.1-70b"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -69,6 +69,7 @@ class BenchmarkProtocol:
     prefix_caching: bool | None = None
     mxfp4_moe_backend: str = "auto"
     batched_tokens_per_isl: int = 0
+    expert_parallel: bool = False  # --enable-expert-parallel whatever the row's EP: the experts spread over TP
 
 
 #: InferenceX's vLLM launch scripts of the Llama-3.1-70B rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
@@ -88,6 +89,11 @@ INFERENCEX_GPT_OSS_HOPPER = BenchmarkProtocol("InferenceX", requests_per_client=
 #: 2026-03-11 (64c20b6b5, the vLLM 0.17.0 runs), which also exports ``VLLM_USE_FLASHINFER_MOE_FP8=0`` (the Triton MoE).
 INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
                                        max_num_seqs_is_concurrency=False)
+#: The same scripts while they tested ``if [ "$EP_SIZE" -ge 1 ]`` before passing ``--enable-expert-parallel``: true
+#: for the default EP of 1, so every run spread the experts over its TP ranks. ``minimaxm2.5_fp8_h200.sh`` did from
+#: 2026-03-13 (5e2c705d3, "enable ep", the TP 8 runs) and ``minimaxm2.5_fp8_b200.sh`` from its first version
+#: (f342df18e) until 2026-04-03 (bddbf4031, ``-gt 1``), the vLLM 0.17.0 runs.
+INFERENCEX_MINIMAX_EP = replace(INFERENCEX_MINIMAX, expert_parallel=True)
 #: ``minimaxm2.5_fp8_h100.sh`` (2026-03-27, 626932a11, vLLM 0.18.0): no KV-cache dtype, ``--max-num-seqs 256`` (above
 #: every row's concurrency) and ``--no-enable-prefix-caching``.
 INFERENCEX_MINIMAX_H100 = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
@@ -208,7 +214,10 @@ def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = 
     if "aic-auto-gap-analysis" in source:
         return AICONFIGURATOR
     if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "B200") and version.startswith("0.17"):
-        return INFERENCEX_MINIMAX  # the B200 script before 2026-04-03
+        return INFERENCEX_MINIMAX_EP  # the B200 script before 2026-04-03
+    measured = _MEASURED.search(source)
+    if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "H200") and measured and measured.group(1) >= "2026-03-13":
+        return INFERENCEX_MINIMAX_EP
     return INFERENCEX_BY_MODEL.get((model_id, gpu), INFERENCEX)
 
 
@@ -310,7 +319,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
         engine_version=version,
-        dtype=weights, tp=layout[0], ep=layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
+        dtype=weights, tp=layout[0], ep=layout[0] if protocol.expert_parallel else layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

@@ -10,12 +10,15 @@ servesim/validate/calibration.py).
 
     nice -n 10 .venv/bin/python tools/calibrate_overhead.py --estimator roofline
 
-With ``--release`` it chooses the device-side step term of one release alone, on runs measured with that release
-under a known protocol: the inference-perf report folders given with ``--results`` and the training GPU's silicon
-rows replayed as that release (``--exclude-model`` leaves out models whose kernel times are known to be off):
+With ``--release`` it chooses one term of one release alone (``--term``, the device-side step term by default),
+among the values ``--grid`` lists, on runs measured with that release under a known protocol: the inference-perf
+report folders given with ``--results`` and the training GPU's silicon rows replayed as that release
+(``--exclude-model`` leaves out models whose kernel times are known to be off):
 
     .venv/bin/python tools/calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --results runs/*/results \
         --gpu H100-SXM --exclude-model openai/gpt-oss-120b
+    .venv/bin/python tools/calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --gpu H100-SXM \
+        --term per_prompt_token_us --grid 0,3,6,9
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ def main() -> None:
     parser.add_argument("--estimator", default="roofline", help="kernel estimator (default: roofline)")
     parser.add_argument("--rows-csv", type=Path, default=None, help="write the calibration rows and predictions")
     parser.add_argument("--plot", type=Path, default=None, help="write the predicted-vs-measured scatter (PNG)")
-    parser.add_argument("--release", default=None, help="choose this release's device step term alone (vllm==0.15.1)")
+    parser.add_argument("--release", default=None, help="choose one term of this release alone (vllm==0.15.1)")
     parser.add_argument("--results", type=Path, nargs="*", default=[], help="inference-perf report folders")
     parser.add_argument("--gpu", default=None, help="GPU the --results runs were measured on")
     parser.add_argument("--exclude-model", action="append", default=[], help="silicon model id to leave out")
-    parser.add_argument("--device-step-grid", type=lambda text: [float(v) for v in text.split(",")],
-                        default=[0.0, 150.0, 300.0, 470.2], help="candidate device_step_us, comma-separated")
+    parser.add_argument("--term", choices=RELEASE_TERMS, default="device_step_us",
+                        help="the term --release chooses (default: device_step_us)")
+    parser.add_argument("--grid", type=lambda text: [float(v) for v in text.split(",")],
+                        default=[0.0, 150.0, 300.0, 470.2], help="candidate values of --term, comma-separated")
     args = parser.parse_args()
     if args.release is not None:
         fit_release(args)
@@ -78,9 +83,14 @@ def main() -> None:
         result.frame.to_csv(args.rows_csv, index=False, float_format="%.5g")
 
 
+#: The terms ``--release`` chooses: GPU time a step spends outside its kernels, and the API server's time per prompt
+#: token (servesim/serving/overhead.py).
+RELEASE_TERMS = ("device_step_us", "per_prompt_token_us")
+
+
 def fit_release(args: argparse.Namespace) -> None:
-    """Choose one release's ``device_step_us`` on its runs of known protocol: replay them under each candidate of
-    ``--device-step-grid`` (``device_per_seq_us`` at zero) and keep the one of least TTFT plus TPOT MAPE."""
+    """Choose one term of one release on its runs of known protocol: replay them under each candidate of
+    ``--grid`` and keep the one of least TTFT plus TPOT MAPE."""
     from dataclasses import replace
 
     from servesim.serving.engines import parse_engine
@@ -96,16 +106,15 @@ def fit_release(args: argparse.Namespace) -> None:
               and case_release(case) == release.label and case.model_id not in args.exclude_model]
     base = StepModels(args.estimator, {release.engine: release.overhead})
     losses = {}
-    for device_step_us in args.device_step_grid:
-        candidate = replace(release.overhead, device_step_us=device_step_us, device_per_seq_us=0.0)
+    for value in args.grid:
+        candidate = replace(release.overhead, **{args.term: value})
         frame = replay_errors(cases, StepModels(args.estimator, {release.engine: candidate}, shares_with=base))
-        losses[device_step_us] = replay_loss(frame)
-        print(f"device_step_us={device_step_us:g}: {len(frame)} runs, {time.perf_counter() - start:.0f} s")
+        losses[value] = replay_loss(frame)
+        print(f"{args.term}={value:g}: {len(frame)} runs, {time.perf_counter() - start:.0f} s")
         print(pd.DataFrame(grouped_errors(frame, ["model_id"])).round(1).to_string(index=False), flush=True)
     best = min(losses, key=losses.get)
-    print(f"{release.label}: device_step_us={best:g} device_per_seq_us=0 (TTFT + TPOT MAPE "
-          f"{100 * losses[best]:.1f} %; shipped {release.overhead.device_step_us:g}, "
-          f"{release.overhead.device_per_seq_us:g})")
+    print(f"{release.label}: {args.term}={best:g} (TTFT + TPOT MAPE {100 * losses[best]:.1f} %; shipped "
+          f"{getattr(release.overhead, args.term):g})")
 
 
 if __name__ == "__main__":

@@ -31,11 +31,6 @@ def deployment(engine="vllm", **overrides):
     return build_deployment(MODEL, GPU, TP1, engine, estimator="roofline", **overrides)
 
 
-def without_latency(dep):
-    """The release's host constants less the request latency, for tests of what happens inside the engine."""
-    return dataclasses.replace(dep.release.overhead, request_latency_us=0.0)
-
-
 @pytest.fixture(scope="module")
 def step_models():
     return {engine: StepTimeModel(deployment(engine)) for engine in ("vllm", "sglang")}
@@ -152,7 +147,7 @@ def test_async_scheduling_admits_an_arrival_one_step_later(step_models):
     first_token = {}
     for async_scheduling in (False, True):
         dep = deployment(async_scheduling=async_scheduling)
-        result = simulate(dep, load, step_model=StepTimeModel(dep, overhead=without_latency(dep)))
+        result = simulate(dep, load, step_model=StepTimeModel(dep, overhead=dep.release.overhead.engine_only()))
         steps = result.steps
         arrival_step = int(np.searchsorted(steps.end_s, 0.5))  # the step running when it arrives
         admitted = int(np.argmax(steps.prefill_tokens[arrival_step + 1:] > 0)) + arrival_step + 1
@@ -175,21 +170,35 @@ def test_the_api_server_spreads_a_burst_of_requests_over_time():
     # includes that wait; without API-server costs they all reach it at once.
     load = build_workload("fixed:512:8", 4, arrival="burst")
     dep = deployment()
-    costs = dataclasses.replace(without_latency(dep), request_us=1000.0, per_prompt_token_us=1.0)
+    costs = dataclasses.replace(dep.release.overhead.engine_only(), request_us=1000.0, per_prompt_token_us=1.0)
     spread = simulate(dep, load, step_model=StepTimeModel(dep, overhead=costs))
     turn_s = (1000.0 + 512 * 1.0) * 1e-6
     np.testing.assert_allclose(np.sort(spread.first_scheduled_s)[0], turn_s)
     assert (np.sort(spread.first_scheduled_s) >= turn_s * np.arange(1, 5) - 1e-12).all()
-    at_once = simulate(dep, load, step_model=StepTimeModel(dep, overhead=without_latency(dep)))
+    at_once = simulate(dep, load, step_model=StepTimeModel(dep, overhead=dep.release.overhead.engine_only()))
     assert (at_once.first_scheduled_s == 0).all()
+
+
+@pytest.mark.parametrize("prompt", [1024, 7000])
+def test_a_lone_request_pays_the_api_server_per_prompt_token(step_models, prompt):
+    # The newest vLLM's API server tokenises a prompt before the engine sees it, so a request alone on the server
+    # gains exactly its API-server time and the request latency over the engine driven in-process.
+    dep = deployment()
+    overhead = dep.release.overhead
+    assert overhead.per_prompt_token_us > 0
+    load = build_workload(f"fixed:{prompt}:4", 1, arrival="burst")
+    served = simulate(dep, load, step_model=step_models["vllm"]).summary()["ttft_mean_ms"]
+    in_process = simulate(dep, load, step_model=StepTimeModel(dep, overhead=overhead.engine_only())).summary()
+    expected_ms = (overhead.front_end_us(prompt) + overhead.request_latency_us) / 1e3
+    assert served - in_process["ttft_mean_ms"] == pytest.approx(expected_ms, rel=1e-9)
 
 
 def test_request_latency_adds_to_every_request_without_queueing():
     # A burst of requests all reach the engine one latency after their send, none waits for another, and one
     # request alone gains exactly that latency in TTFT and E2E.
     dep = deployment()
-    latency = dataclasses.replace(dep.release.overhead, request_latency_us=7000.0)
-    none = without_latency(dep)
+    latency = dataclasses.replace(dep.release.overhead.engine_only(), request_latency_us=7000.0)
+    none = dep.release.overhead.engine_only()
     burst = simulate(dep, build_workload("fixed:512:8", 4, arrival="burst"),
                      step_model=StepTimeModel(dep, overhead=latency))
     np.testing.assert_allclose(burst.first_scheduled_s, 7e-3)
@@ -218,7 +227,7 @@ def test_async_scheduling_hides_host_time_but_not_device_time():
     # kernels leave out (device_step_us) is not.
     load = build_workload("fixed:128:128", 8, concurrency=8)
     dep = deployment(async_scheduling=True)
-    base = dep.release.overhead
+    base = dep.release.overhead.engine_only()
     none = {"step_us": 0.0, "per_seq_us": 0.0, "device_step_us": 0.0, "device_per_seq_us": 0.0}
 
     def tpot_ms(**terms):

@@ -249,6 +249,7 @@ def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, m
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
     from servesim.models.config import check_context
     from servesim.serving.simulator import simulate
+    from servesim.serving.step_time import StepTimeModel
     from servesim.workloads import build_workload
 
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
@@ -257,6 +258,9 @@ def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, m
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")
+    # vllm bench latency drives the engine in-process: no API server, no HTTP.
+    step_model = StepTimeModel(deployment, step_model.estimator, overhead=deployment.release.overhead.engine_only(),
+                               shares_with=step_model)
     result = simulate(deployment, workload, step_model=step_model)
     summary = result.summary()
     row = {

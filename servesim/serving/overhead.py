@@ -33,7 +33,7 @@ identifiable from end-to-end runs and keep their prior values, stated below.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from servesim.errors import ServesimError
@@ -69,6 +69,11 @@ class HostOverhead:
     def front_end_us(self, prompt_tokens: int) -> float:
         """The API server's time on one request of ``prompt_tokens`` tokens before the engine sees it."""
         return self.request_us + self.per_prompt_token_us * prompt_tokens
+
+    def engine_only(self) -> HostOverhead:
+        """These constants without the API server's costs and the request latency: the engine driven in-process,
+        as ``vllm bench latency`` and SGLang's ``bench_one_batch`` drive it."""
+        return replace(self, request_us=0.0, per_prompt_token_us=0.0, request_latency_us=0.0)
 
     @property
     def has_front_end(self) -> bool:
@@ -139,6 +144,16 @@ VLLM_REQUEST_LATENCY_US = 8600.0
 #: calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --results ... --exclude-model openai/gpt-oss-120b``,
 #: docs/validation-results.md; gpt-oss is left out because its Marlin MoE times are off, docs/kernels.md).
 VLLM_0_15_1_DEVICE_STEP_US = 300.0
+
+#: vLLM 0.15.1's API-server time per prompt token, µs (``per_prompt_token_us``): tokenising the prompt text the
+#: client sends and handing its ids to the engine, one request at a time. InferenceX's H100 runs of the releases it
+#: stands for show it: at 4 clients the 8k-token prompts of gpt-oss-120b come 39 to 56 ms later than predicted at
+#: every TP from 2 to 8 while the 1k-token ones match, a cost that does not shrink with the GPUs sharing the
+#: prompt. Chosen on the training GPU's rows replayed as this release (gpt-oss-120b, MiniMax-M2.5,
+#: Llama-3.1-70B) among 0, 3, 6 and 9 µs for the least TTFT plus TPOT MAPE (``tools/calibrate_overhead.py
+#: --estimator mlp --release vllm==0.15.1 --gpu H100-SXM --term per_prompt_token_us --grid 0,3,6,9``,
+#: docs/validation.md).
+VLLM_0_15_1_PER_PROMPT_TOKEN_US = 6.0
 
 
 def host_overhead(engine: str, version: str) -> HostOverhead:

@@ -51,3 +51,32 @@ def test_mxfp4_trtllm_moe_is_timed_near_its_measured_decode_layer() -> None:
     assert layer.active_experts() == 16
     predicted_us = get_estimator("mlp").predict_us([layer], get_gpu("B200"))[0]
     assert 72.3 / 1.35 <= predicted_us <= 72.3 * 1.35
+
+
+@pytest.mark.parametrize(("engine", "model", "dtype", "requested", "trtllm"), [
+    ("vllm", "minimax-m2.5", "fp8", "flashinfer-trtllm", True),  # VLLM_USE_FLASHINFER_MOE_FP8=1
+    ("vllm", "minimax-m2.5", "fp8", "auto", False),
+    ("sglang", "deepseek-r1", "fp8-block", "triton", False),  # --moe-runner-backend triton
+    ("sglang", "deepseek-r1", "fp8-block", "auto", True),
+])
+def test_the_moe_backend_a_user_picks_runs_the_experts(engine, model, dtype, requested, trtllm) -> None:
+    step = expand(engine, get_model(model), get_gpu("B200"), BatchSpec(decodes=(1024,) * 4), 8, dtype=dtype,
+                  moe_backend=requested)
+    (op,) = {op for run in step.runs for op in run.ops if isinstance(op, FusedMoE)}
+    assert isinstance(op, TrtllmMoE) is trtllm
+
+
+def test_the_trtllm_moe_is_refused_off_blackwell_and_the_launch_names_it() -> None:
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+
+    args = ["simulate", "--model", "minimax-m2.5", "--tp", "4", "--dtype", "fp8", "--workload", "fixed:256:8",
+            "--concurrency", "2", "-n", "2"]
+    refused = CliRunner().invoke(main, [*args, "--gpu", "H100", "--moe-backend", "flashinfer-trtllm"])
+    assert refused.exit_code != 0 and "Blackwell" in refused.output and "--moe-backend auto" in refused.output
+    assert "Traceback" not in refused.output
+    assert CliRunner().invoke(main, [*args, "--gpu", "H100", "--moe-backend", "auto"]).exit_code == 0
+    served = CliRunner().invoke(main, [*args, "--gpu", "B200", "--moe-backend", "flashinfer-trtllm"])
+    assert served.exit_code == 0, served.output
+    assert "VLLM_USE_FLASHINFER_MOE_FP8=1" in served.output

@@ -106,6 +106,15 @@ def test_minimax_runs_keep_the_expert_parallelism_their_script_passed(rows: pd.D
     assert {c.ep for c in cases if c.tp == 4} == {1}
 
 
+def test_minimax_vllm_0_19_runs_replay_the_trtllm_moe_that_release_picked(rows: pd.DataFrame) -> None:
+    blackwell = rows[(rows["model"] == "MiniMaxAI/MiniMax-M2.5") & rows["gpu"].isin(["B200", "B300"])]
+    cases = [c for c in map(silicon_case, blackwell.to_dict("records")) if isinstance(c, ServingCase)]
+    by_version = {c.engine_version[:4]: set() for c in cases}
+    for c in cases:
+        by_version[c.engine_version[:4]].add(c.moe_backend)
+    assert by_version["0.19"] == {"flashinfer-trtllm"} and by_version["0.17"] == {"auto"}
+
+
 def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
     assert preset_for("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama3.1-8b"
     assert preset_for("meta-llama/Llama-3.1-70B") == "llama3.1-70b"

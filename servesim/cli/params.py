@@ -176,3 +176,14 @@ def mxfp4_moe_backend_option(func):
                              "(vLLM with VLLM_MXFP4_USE_MARLIN=1), triton, flashinfer (Blackwell, BF16 activations) "
                              "or flashinfer-mxfp8 (vLLM on Blackwell with "
                              "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1).")(func)
+
+
+def moe_backend_option(func):
+    """Add ``--moe-backend`` (:data:`servesim.kernels.engines.MOE_BACKENDS`) as ``moe_backend``."""
+    from servesim.kernels.engines import MOE_BACKENDS
+
+    return click.option("--moe-backend", type=click.Choice(MOE_BACKENDS), default="auto", show_default=True,
+                        help="MoE kernel of BF16 and FP8 experts: auto (SGLang: FlashInfer's TRT-LLM MoE on "
+                             "Blackwell for the models it picks it for; otherwise the Triton fused MoE), triton, or "
+                             "flashinfer-trtllm (Blackwell; vLLM with VLLM_USE_FLASHINFER_MOE_FP8=1, SGLang "
+                             "--moe-runner-backend flashinfer_trtllm).")(func)

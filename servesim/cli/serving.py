@@ -19,6 +19,7 @@ from servesim.cli.params import (
     OutputFile,
     engine_behaviour_options,
     ep_option,
+    moe_backend_option,
     mxfp4_moe_backend_option,
     scheduler_recv_interval_option,
     engine_option,
@@ -56,6 +57,7 @@ def _engine_options(func):
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
                      help="KV cache storage: auto (the activation dtype) or fp8 (half the bytes per token)."),
         mxfp4_moe_backend_option,
+        moe_backend_option,
         scheduler_recv_interval_option,
         engine_behaviour_options,
     )):
@@ -65,7 +67,7 @@ def _engine_options(func):
 
 def _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
            gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend,
-           scheduler_recv_interval):
+           moe_backend, scheduler_recv_interval):
     """The deployment the options describe and its step-time model."""
     from servesim.hardware import get_gpu
     from servesim.models import get_model
@@ -80,7 +82,7 @@ def _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_se
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-        mxfp4_moe_backend=mxfp4_moe_backend, scheduler_recv_interval=scheduler_recv_interval)
+        mxfp4_moe_backend=mxfp4_moe_backend, moe_backend=moe_backend, scheduler_recv_interval=scheduler_recv_interval)
     return deployment, StepTimeModel(deployment)
 
 
@@ -168,8 +170,8 @@ def _overload(result, workload) -> dict:
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
-                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
-                     prefix_caching, async_scheduling, source, num_requests,
+                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
+                     scheduler_recv_interval, prefix_caching, async_scheduling, source, num_requests,
                      columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
                      output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
@@ -185,7 +187,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, 
     mapping = parse_columns(columns) if columns else None
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
-                                    async_scheduling, mxfp4_moe_backend, scheduler_recv_interval)
+                                    async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
@@ -238,8 +240,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, 
 @click.option("--output-len", type=DIMENSION, default=128, show_default=True)
 @output_format_options
 def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
-                    max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, scheduler_recv_interval,
-                    prefix_caching, async_scheduling, batch_size, input_len,
+                    max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
+                    scheduler_recv_interval, prefix_caching, async_scheduling, batch_size, input_len,
                     output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
 
@@ -254,7 +256,7 @@ def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, m
 
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
-                                    async_scheduling, mxfp4_moe_backend, scheduler_recv_interval)
+                                    async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")

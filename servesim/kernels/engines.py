@@ -82,6 +82,10 @@ def _pad(tokens: int, capture_sizes: tuple[int, ...]) -> int:
 #: (OpenAI's ``matmul_ogs``), or FlashInfer's TRT-LLM MXFP4 MoE on Blackwell with BF16 activations (``flashinfer``)
 #: or MXFP8 ones (``flashinfer-mxfp8``: vLLM's ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``).
 MXFP4_MOE_BACKENDS = ("auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8")
+#: MoE kernels for BF16 and FP8 experts: ``auto`` (the engine's default for the GPU, model and weights), the Triton
+#: fused MoE, or FlashInfer's TRT-LLM fused MoE on Blackwell (vLLM's ``VLLM_USE_FLASHINFER_MOE_FP8=1``, SGLang's
+#: ``--moe-runner-backend flashinfer_trtllm``).
+MOE_BACKENDS = ("auto", "triton", "flashinfer-trtllm")
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,23 @@ class EngineKernels:
         if requested == "triton" and default == "marlin":
             raise ServesimError(f"{self.name} runs MXFP4 experts on Marlin on {architecture} GPUs (no Triton "
                                 f"matmul_ogs below compute capability 9.0); use --mxfp4-moe-backend auto")
+        return requested
+
+    def moe_backend(self, architecture: str, model_type: str, weights: str, requested: str = "auto") -> str:
+        """The MoE kernel BF16 and FP8 experts of ``model_type`` run on (``triton`` or ``flashinfer-trtllm``): the
+        engine's default (``auto``), or the one requested where it runs (:data:`MOE_BACKENDS`)."""
+        if requested not in MOE_BACKENDS:
+            raise ServesimError(f"unknown MoE backend {requested!r}; choose one of {', '.join(MOE_BACKENDS)}")
+        default = "flashinfer-trtllm" if self.runs_trtllm_moe(architecture, model_type, weights) else "triton"
+        if requested in ("auto", default):
+            return default
+        if weights in ("mxfp4", "int4"):
+            raise ServesimError(f"--moe-backend picks the kernel of BF16 and FP8 experts, not {weights} ones; drop "
+                                f"--moe-backend" + (" (--mxfp4-moe-backend picks MXFP4 experts' kernel)"
+                                                    if weights == "mxfp4" else ""))
+        if requested == "flashinfer-trtllm" and architecture != "blackwell":
+            raise ServesimError(f"FlashInfer's TRT-LLM fused MoE runs on Blackwell GPUs only (compute capability "
+                                f"10.x), not {architecture}; use --moe-backend auto")
         return requested
 
     def runs_trtllm_moe(self, architecture: str, model_type: str, weights: str) -> bool:

@@ -834,12 +834,13 @@ def expand(
     kv_cache_dtype: str = "auto",
     mxfp4_moe_backend: str = "auto",
     ep: int = 1,
+    moe_backend: str = "auto",
 ) -> StepKernels:
     """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``, the
     routed experts split over ``ep`` of the ``tp`` GPUs (:class:`servesim.models.parallel.Parallelism`).
 
     ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
-    default for the GPU). Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype,
+    default for the GPU), ``moe_backend`` that of BF16 and FP8 ones (``MOE_BACKENDS``). Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype,
     kv_cache_dtype, the MoE kernel, ep): a simulator calls it for every step and repeated step shapes cost a dictionary
     look-up.
     """
@@ -858,7 +859,10 @@ def expand(
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
     mxfp4_moe = config.mxfp4_moe_backend(traits.architecture, mxfp4_moe_backend)
-    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe, ep)
+    trtllm_moe = config.moe_backend(traits.architecture, model.model_type, served_weights(model, dtype),
+                                    moe_backend) == "flashinfer-trtllm"
+    return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe, ep,
+                          trtllm_moe)
 
 
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
@@ -913,7 +917,7 @@ def kv_storage_dtype(weights: str, kv_cache_dtype: str) -> str:
 
 def _context(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
-    kv_cache_dtype: str, plan: GraphPlan, mxfp4_moe: str = "triton", ep: int = 1,
+    kv_cache_dtype: str, plan: GraphPlan, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False,
 ) -> _Ctx:
     act = activation_dtype(dtype)
     return _Ctx(
@@ -931,7 +935,7 @@ def _context(
         kv_heads=max(1, model.num_kv_heads // tp),
         mxfp4_moe=mxfp4_moe,
         ep=ep,
-        trtllm_moe=config.runs_trtllm_moe(gpu.architecture, model.model_type, served_weights(model, dtype)),
+        trtllm_moe=trtllm_moe,
     )
 
 
@@ -977,10 +981,10 @@ def step_part(
 @functools.lru_cache(maxsize=8192)
 def _expand_cached(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
-    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1,
+    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False,
 ) -> StepKernels:
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
-    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep)
+    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep, trtllm_moe)
     layers = stage_layers(model.num_layers, pp, stage)
     # Layer bodies by (is MoE, is sliding-window), each built once (layer 0 differs, built apart).
     body: dict[tuple[bool, bool, bool], tuple[Op, ...]] = {}

@@ -78,8 +78,8 @@ def timing_key(steps: StepTimeModel) -> str:
     gpu = tuple((field.name, getattr(deployment.gpu, field.name)) for field in dataclasses.fields(deployment.gpu)
                 if field.name not in _NOT_TIMING)
     return _digest((deployment.model, gpu, deployment.par, deployment.release, deployment.dtype,
-                    deployment.kv_cache_dtype, deployment.mxfp4_moe_backend, steps.overhead, steps.estimator.name,
-                    steps.estimator.label))[:32]
+                    deployment.kv_cache_dtype, deployment.mxfp4_moe_backend, deployment.moe_backend, steps.overhead,
+                    steps.estimator.name, steps.estimator.label))[:32]
 
 
 def _digest(value: object) -> str:

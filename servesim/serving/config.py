@@ -30,6 +30,10 @@ class EngineSettings:
     #: VLLM_MXFP4_USE_MARLIN=1), triton, flashinfer or flashinfer-mxfp8 (Blackwell; vLLM's
     #: VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1); checked by the engine for the GPU (EngineKernels.mxfp4_moe_backend).
     mxfp4_moe_backend: str = "auto"
+    #: The MoE kernel of BF16 and FP8 experts: auto (the engine's default for the GPU and model), triton or
+    #: flashinfer-trtllm (Blackwell; vLLM's VLLM_USE_FLASHINFER_MOE_FP8=1, SGLang's --moe-runner-backend
+    #: flashinfer_trtllm); checked by the engine for the GPU (EngineKernels.moe_backend).
+    moe_backend: str = "auto"
     #: SGLang --scheduler-recv-interval (server_args.py, default 1): the scheduler polls for new requests only once
     #: its counter reaches this, the counter growing by 1 per decode batch and by 1000 per prefill batch
     #: (managers/scheduler_recv_skipper.py, SchedulerRecvSkipper; weights in environ.py). 1: every iteration.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.hardware.spec import GpuSpec
-from servesim.kernels.expand import WEIGHT_DTYPES, kv_storage_dtype
+from servesim.kernels.expand import WEIGHT_DTYPES, kv_storage_dtype, served_weights
 from servesim.models.config import ModelConfig
 from servesim.models.memory import MemoryPlan, plan_memory
 from servesim.models.parallel import Parallelism, validate_parallelism
@@ -25,7 +25,8 @@ from servesim.serving.scheduler import Scheduler
 
 #: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
 SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
-                 "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend", "scheduler_recv_interval")
+                 "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend", "moe_backend",
+                 "scheduler_recv_interval")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,12 @@ class Deployment:
         only MXFP4 weights read it)."""
         return self.engine.kernels.mxfp4_moe_backend(self.gpu.architecture, self.settings.mxfp4_moe_backend)
 
+    @property
+    def moe_backend(self) -> str:
+        """The MoE kernel BF16 and FP8 experts run on here (``triton`` or ``flashinfer-trtllm``)."""
+        return self.engine.kernels.moe_backend(self.gpu.architecture, self.model.model_type,
+                                               served_weights(self.model, self.dtype), self.settings.moe_backend)
+
     @functools.cached_property
     def memory(self) -> MemoryPlan:
         """Weights, reserves and the KV pool per GPU (made once per deployment)."""
@@ -71,7 +78,7 @@ class Deployment:
         """What step times depend on: deployments that agree on it time every step alike (the engine settings that
         only change batching and memory do not enter)."""
         return (self.model, self.gpu, self.par, self.release, self.dtype, self.kv_cache_dtype,
-                self.mxfp4_moe_backend)
+                self.mxfp4_moe_backend, self.moe_backend)
 
     def label(self) -> str:
         kv = ", fp8 KV cache" if self.kv_cache_dtype == "fp8" else ""
@@ -88,8 +95,10 @@ class Deployment:
         env = ["VLLM_MXFP4_USE_MARLIN=1"] if forced_marlin else []
         if self.dtype == "mxfp4" and self.mxfp4_moe_backend == "flashinfer-mxfp8":
             env.append("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1")
-        return " ".join([*env, *self.engine.launch_head(self.model.source, self.par), *quant,
-                         *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par))])
+        flags = self.engine.moe_backend_launch(self.settings.moe_backend) if self.model.is_moe else ((), ())
+        return " ".join([*env, *flags[0], *self.engine.launch_head(self.model.source, self.par), *quant,
+                         *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par)),
+                         *flags[1]])
 
 
 def build_deployment(
@@ -119,4 +128,5 @@ def build_deployment(
                             f"--async-scheduling or use --pp 1")
     deployment = Deployment(model, gpu, par, engine_class, release, settings, dtype, estimator)
     deployment.mxfp4_moe_backend  # noqa: B018 - refuses a MoE kernel the engine cannot run on this GPU
+    deployment.moe_backend  # noqa: B018 - likewise
     return deployment

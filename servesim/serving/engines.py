@@ -149,6 +149,13 @@ class Engine:
     def check_expert_parallel(self, par: Parallelism) -> None:
         """Refuse an expert-parallel degree the engine cannot run inside one TP group (every engine accepts 1)."""
 
+    #: ``--moe-backend`` -> (environment, server flags) that pick that MoE kernel of BF16 and FP8 experts.
+    moe_backend_flags: ClassVar[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {}
+
+    def moe_backend_launch(self, moe_backend: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The environment and server flags of a requested MoE kernel (none for ``auto``)."""
+        return self.moe_backend_flags.get(moe_backend, ((), ()))
+
     def launch_flags(self, settings: EngineSettings, default_async: bool) -> list[str]:
         """The server flags whose values the prediction assumed; ``default_async``: whether the engine schedules
         asynchronously by itself for this release and layout."""
@@ -173,6 +180,11 @@ class Vllm(Engine):
     no_prefix_cache_flag = "--no-enable-prefix-caching"
     no_async_flag = "--no-async-scheduling"
     async_flag = "--async-scheduling"
+    # vllm/model_executor/layers/fused_moe/oracle/fp8.py (0.17-0.19): VLLM_USE_FLASHINFER_MOE_FP8=0 takes the
+    # FlashInfer kernels out of the choice; =1 tries only them, TRT-LLM first with VLLM_FLASHINFER_MOE_BACKEND=latency.
+    moe_backend_flags = {"triton": (("VLLM_USE_FLASHINFER_MOE_FP8=0",), ()),
+                         "flashinfer-trtllm": (("VLLM_USE_FLASHINFER_MOE_FP8=1", "VLLM_FLASHINFER_MOE_BACKEND=latency"),
+                                               ())}
 
     def expert_parallel_flags(self, par: Parallelism) -> list[str]:
         return ["--enable-expert-parallel"] if par.ep > 1 else []
@@ -205,6 +217,8 @@ class Sglang(Engine):
     no_prefix_cache_flag = "--disable-radix-cache"
     no_async_flag = "--disable-overlap-schedule"
     async_flag = ""  # the overlap scheduler is on unless disabled
+    moe_backend_flags = {"triton": ((), ("--moe-runner-backend triton",)),
+                         "flashinfer-trtllm": ((), ("--moe-runner-backend flashinfer_trtllm",))}
 
     def expert_parallel_flags(self, par: Parallelism) -> list[str]:
         """``--ep-size`` splits the TP group into EP subgroups: an expert's width over ``tp / ep`` GPUs

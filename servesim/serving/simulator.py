@@ -198,6 +198,7 @@ def simulate(
         "max_num_seqs": cfg.max_num_seqs, "memory_fraction": cfg.memory_fraction,
         "kv_cache_dtype": cfg.kv_cache_dtype, "prefix_caching": cfg.enable_prefix_caching,
         "async_scheduling": cfg.async_scheduling, "mxfp4_moe_backend": deployment.mxfp4_moe_backend,
+        "moe_backend": deployment.moe_backend,
         "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
     }

@@ -79,6 +79,7 @@ class ServingCase:
     async_scheduling: bool | None = None  # the server's async scheduling (None: the release's default)
     prefix_caching: bool | None = None  # the server's prefix cache (None: the release's default)
     mxfp4_moe_backend: str = "auto"  # the MoE kernel of MXFP4 experts (auto: the engine's default for the GPU)
+    moe_backend: str = "auto"  # the MoE kernel of BF16 and FP8 experts
     scheduler_recv_interval: int | None = None  # SGLang's --scheduler-recv-interval (None: the default, 1)
     measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
     ep: int = 1  # the GPUs of the TP group the experts are split over (vLLM --enable-expert-parallel, SGLang --ep-size)
@@ -147,7 +148,7 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
                             estimator, kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
                             max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
-                            mxfp4_moe_backend=case.mxfp4_moe_backend,
+                            mxfp4_moe_backend=case.mxfp4_moe_backend, moe_backend=case.moe_backend,
                             scheduler_recv_interval=case.scheduler_recv_interval)
 
 

@@ -70,6 +70,7 @@ class BenchmarkProtocol:
     mxfp4_moe_backend: str = "auto"
     batched_tokens_per_isl: int = 0
     expert_parallel: bool = False  # --enable-expert-parallel whatever the row's EP: the experts spread over TP
+    moe_backend: str = "auto"  # the MoE kernel the release picked for BF16 and FP8 experts, where servesim's differs
 
 
 #: InferenceX's vLLM launch scripts of the Llama-3.1-70B rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
@@ -100,11 +101,15 @@ INFERENCEX_MINIMAX_H100 = BenchmarkProtocol("InferenceX", requests_per_client=10
                                             kv_cache_dtype="auto", max_num_seqs_is_concurrency=False,
                                             prefix_caching=False)
 #: ``minimaxm2.5_fp8_b200.sh`` from 2026-04-03 (bddbf4031) and ``minimaxm2.5_fp8_b300.sh`` (the vLLM 0.19 runs):
-#: ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens $((ISL * 2))`` and ``--no-enable-prefix-caching``. Their
-#: MoE runs on vLLM's FlashInfer TRT-LLM FP8 path, which is not modelled (the Triton path is timed).
+#: ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens $((ISL * 2))`` and ``--no-enable-prefix-caching``.
 INFERENCEX_MINIMAX_BLACKWELL = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
                                                  kv_cache_dtype="fp8", max_num_seqs_is_concurrency=False,
                                                  prefix_caching=False, batched_tokens_per_isl=2)
+#: Their vLLM 0.19.0 runs: that release's FP8 MoE oracle (``model_executor/layers/fused_moe/oracle/fp8.py``) takes
+#: FlashInfer's TRT-LLM block-FP8 MoE on SM100 for MiniMax-M2.5, whose routing (sigmoid scores with a bias, no expert
+#: groups) and FP32 router logits 0.17 and 0.18 refused for it (``experts/trtllm_fp8_moe.py``): the variant where
+#: vLLM routes and the kernel runs the experts. servesim's vLLM (0.15.1 and older) times the Triton path.
+INFERENCEX_MINIMAX_VLLM_0_19 = replace(INFERENCEX_MINIMAX_BLACKWELL, moe_backend="flashinfer-trtllm")
 #: ``benchmarks/single_node/gptoss_fp4_b200.sh`` (InferenceX, 2026-02-25 to 2026-03-27, vLLM 0.15.1):
 #: ``kv-cache-dtype: fp8`` and ``no-enable-prefix-caching`` in config.yaml, ``--max-num-seqs 512`` (at least every
 #: row's concurrency) and ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``: FlashInfer's TRT-LLM MXFP4 MoE with MXFP8
@@ -218,6 +223,8 @@ def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = 
     measured = _MEASURED.search(source)
     if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "H200") and measured and measured.group(1) >= "2026-03-13":
         return INFERENCEX_MINIMAX_EP
+    if model_id == "MiniMaxAI/MiniMax-M2.5" and gpu in ("B200", "B300") and version.startswith("0.19"):
+        return INFERENCEX_MINIMAX_VLLM_0_19
     return INFERENCEX_BY_MODEL.get((model_id, gpu), INFERENCEX)
 
 
@@ -324,7 +331,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         async_scheduling=protocol.async_scheduling, prefix_caching=prefix_caching,
-        mxfp4_moe_backend=protocol.mxfp4_moe_backend, scheduler_recv_interval=recv_interval,
+        mxfp4_moe_backend=protocol.mxfp4_moe_backend, moe_backend=protocol.moe_backend,
+        scheduler_recv_interval=recv_interval,
     )
 
 

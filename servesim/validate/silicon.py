@@ -331,7 +331,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         async_scheduling=protocol.async_scheduling, prefix_caching=prefix_caching,
-        mxfp4_moe_backend=protocol.mxfp4_moe_backend, moe_backend=protocol.moe_backend,
+        mxfp4_moe_backend=protocol.mxfp4_moe_backend,
+        moe_backend=protocol.moe_backend if weights.startswith("fp8") else "auto",
         scheduler_recv_interval=recv_interval,
     )
 

@@ -14,7 +14,7 @@ pytest.importorskip("aiconfigurator_core")
 
 from servesim.cli import main  # noqa: E402
 from servesim.validate.calibration import calibrate, calibration_frame, predict_with, zero_step_overhead  # noqa: E402
-from servesim.validate.replay import ServingCase, Skipped, preset_for, replay  # noqa: E402
+from servesim.validate.replay import ServingCase, Skipped, StepModels, preset_for, replay  # noqa: E402
 from servesim.validate.silicon import load_silicon_rows, silicon_case, silicon_cases  # noqa: E402
 
 # A short SGLang run (Qwen3-32B, TP 8, 1024 in, 128 out, 16 clients) and a vLLM 0.12.0 one, which schedules
@@ -114,6 +114,20 @@ def test_minimax_vllm_0_19_runs_replay_the_trtllm_moe_that_release_picked(rows: 
     for c in cases:
         by_version[c.engine_version[:4]].add(c.moe_backend)
     assert by_version["0.19"] == {"flashinfer-trtllm"} and by_version["0.17"] == {"auto"}
+
+
+def test_inferencex_vllm_rows_pay_the_api_server_for_their_random_token_prompts(rows: pd.DataFrame) -> None:
+    # Only InferenceX's vLLM runs carry the tokenising cost of its random-token prompt text; a release keeps none.
+    cases, _ = silicon_cases(rows)
+    costs: dict[tuple, set] = {}
+    for c in cases:
+        costs.setdefault((c.extra["protocol"], c.engine), set()).add(c.per_prompt_token_us)
+    assert costs[("InferenceX", "vllm")] == {6.0}
+    assert costs[("InferenceX", "sglang")] == costs[("aiconfigurator", "vllm")] == {None}
+    llama = next(c for c in cases if c.engine == "vllm" and c.extra["protocol"] == "InferenceX")
+    models = StepModels("roofline")
+    assert models.get(llama).overhead.per_prompt_token_us == 6.0
+    assert models.get(replace(llama, per_prompt_token_us=None)).overhead.per_prompt_token_us == 0.0
 
 
 def test_checkpoint_ids_map_to_the_architecture_preset() -> None:

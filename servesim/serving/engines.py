@@ -21,8 +21,7 @@ from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryReserve
 from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
 from servesim.serving.config import EngineSettings
-from servesim.serving.overhead import (HOST_OVERHEAD, VLLM_0_15_1_DEVICE_STEP_US,
-                                       VLLM_0_15_1_PER_PROMPT_TOKEN_US, VLLM_REQUEST_LATENCY_US,
+from servesim.serving.overhead import (HOST_OVERHEAD, VLLM_0_15_1_DEVICE_STEP_US, VLLM_REQUEST_LATENCY_US,
                                        HostOverhead)
 from servesim.serving.scheduler import Scheduler
 from servesim.serving.scheduler_sglang import SglangScheduler
@@ -252,8 +251,7 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: Eng
 
 _VLLM_OVERHEAD = HOST_OVERHEAD[("vllm", "0.11.0")]
 _VLLM_ASYNC_OVERHEAD = replace(_VLLM_OVERHEAD, request_latency_us=VLLM_REQUEST_LATENCY_US,
-                               device_step_us=VLLM_0_15_1_DEVICE_STEP_US, device_per_seq_us=0.0,
-                               per_prompt_token_us=VLLM_0_15_1_PER_PROMPT_TOKEN_US)
+                               device_step_us=VLLM_0_15_1_DEVICE_STEP_US, device_per_seq_us=0.0)
 _SGLANG_OVERHEAD = HOST_OVERHEAD[("sglang", "0.5.3")]
 
 VLLM = Vllm("vllm", (

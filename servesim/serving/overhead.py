@@ -145,16 +145,6 @@ VLLM_REQUEST_LATENCY_US = 8600.0
 #: docs/validation-results.md; gpt-oss is left out because its Marlin MoE times are off, docs/kernels.md).
 VLLM_0_15_1_DEVICE_STEP_US = 300.0
 
-#: vLLM 0.15.1's API-server time per prompt token, µs (``per_prompt_token_us``): tokenising the prompt text the
-#: client sends and handing its ids to the engine, one request at a time. InferenceX's H100 runs of the releases it
-#: stands for show it: at 4 clients the 8k-token prompts of gpt-oss-120b come 39 to 56 ms later than predicted at
-#: every TP from 2 to 8 while the 1k-token ones match, a cost that does not shrink with the GPUs sharing the
-#: prompt. Chosen on the training GPU's rows replayed as this release (gpt-oss-120b, MiniMax-M2.5,
-#: Llama-3.1-70B) among 0, 3, 6 and 9 µs for the least TTFT plus TPOT MAPE (``tools/calibrate_overhead.py
-#: --estimator mlp --release vllm==0.15.1 --gpu H100-SXM --term per_prompt_token_us --grid 0,3,6,9``,
-#: docs/validation.md).
-VLLM_0_15_1_PER_PROMPT_TOKEN_US = 6.0
-
 
 def host_overhead(engine: str, version: str) -> HostOverhead:
     """The constants of ``engine`` at ``version``; raises ServesimError for a version without calibration."""

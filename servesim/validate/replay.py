@@ -9,7 +9,7 @@ the reason, never dropped.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servesim.errors import ServesimError
 from servesim.serving.metrics import SimulationResult
@@ -83,6 +83,9 @@ class ServingCase:
     scheduler_recv_interval: int | None = None  # SGLang's --scheduler-recv-interval (None: the default, 1)
     measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
     ep: int = 1  # the GPUs of the TP group the experts are split over (vLLM --enable-expert-parallel, SGLang --ep-size)
+    #: The API server's time per prompt token of this run's prompt text, µs (None: the release's): tokenising text
+    #: costs more per token for some clients' prompts than others (servesim/validate/silicon.py).
+    per_prompt_token_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,11 +121,15 @@ class StepModels:
         from servesim.models import get_model
 
         deployment = case_deployment(case, get_model(case.preset), get_gpu(case.gpu), self.estimator_name)
-        key = deployment.timing_identity()
+        key = (deployment.timing_identity(), case.per_prompt_token_us)
         if key not in self._models:
-            base = self.shares_with.get(case) if self.shares_with is not None else None
-            self._models[key] = StepTimeModel(deployment, self.estimator, overhead=self.overheads.get(case.engine),
-                                              shares_with=base)
+            if case.per_prompt_token_us is not None:
+                base = self.get(replace(case, per_prompt_token_us=None))
+                overhead = replace(base.overhead, per_prompt_token_us=case.per_prompt_token_us)
+            else:
+                base = self.shares_with.get(case) if self.shares_with is not None else None
+                overhead = self.overheads.get(case.engine)
+            self._models[key] = StepTimeModel(deployment, self.estimator, overhead=overhead, shares_with=base)
         return self._models[key]
 
 

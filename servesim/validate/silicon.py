@@ -71,25 +71,43 @@ class BenchmarkProtocol:
     batched_tokens_per_isl: int = 0
     expert_parallel: bool = False  # --enable-expert-parallel whatever the row's EP: the experts spread over TP
     moe_backend: str = "auto"  # the MoE kernel the release picked for BF16 and FP8 experts, where servesim's differs
+    per_prompt_token_us: float | None = None  # the API server's time per token of its prompt text (None: release's)
+
+
+#: vLLM's API server's time per prompt token of InferenceX's prompts, µs: its client (``benchmark_serving.py
+#: --dataset-name random``) sends text decoded from random token ids, which vLLM tokenises again, one request at a
+#: time. Its H100 runs show the cost: at 4 clients gpt-oss-120b's 8k-token prompts come 39 to 56 ms later than
+#: predicted at TP 2, 4 and 8 alike while the 1k-token ones match, a cost that does not shrink with the GPUs.
+#: Chosen on the H100 rows replayed as vLLM 0.15.1 (gpt-oss-120b, MiniMax-M2.5, Llama-3.1-70B) among 0, 3, 6 and
+#: 9 µs for the least TTFT plus TPOT MAPE (``tools/calibrate_overhead.py --estimator mlp --release vllm==0.15.1
+#: --gpu H100-SXM --term per_prompt_token_us --grid 0,3,6,9``, docs/validation-results.md). A release default
+#: would over-state it for prompts of ordinary text: the inference-perf runs of the same release, whose TTFT the
+#: request latency already fits, would gain 3.5 to 4.7 ms each.
+INFERENCEX_PROMPT_TOKEN_US = 6.0
+
+
+def _inferencex(**flags) -> BenchmarkProtocol:
+    """An InferenceX protocol: 10 requests per client, lengths uniform over [0.8 × nominal, nominal], its prompts'
+    API-server cost, and the server flags of the launch script."""
+    return BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
+                             per_prompt_token_us=INFERENCEX_PROMPT_TOKEN_US, **flags)
 
 
 #: InferenceX's vLLM launch scripts of the Llama-3.1-70B rows (``benchmarks/70b_fp8_h100_slurm.sh`` and
 #: ``70b_fp8_h200_slurm.sh``) write ``kv-cache-dtype: fp8``, ``async-scheduling: true`` and
 #: ``no-enable-prefix-caching`` into the server's config.yaml and pass ``--max-num-seqs $CONC``.
-INFERENCEX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="fp8",
-                               max_num_seqs_is_concurrency=True, async_scheduling=True, prefix_caching=False)
+INFERENCEX = _inferencex(kv_cache_dtype="fp8", max_num_seqs_is_concurrency=True, async_scheduling=True,
+                         prefix_caching=False)
 #: ``benchmarks/single_node/gptoss_fp4_h100.sh`` and ``gptoss_fp4_h200.sh`` (InferenceX, 2026-03-27, vLLM 0.18.0):
 #: ``no-enable-prefix-caching`` and ``max-num-batched-tokens: 8192`` in config.yaml, ``--max-num-seqs $CONC``, no
 #: KV-cache dtype (auto), and ``VLLM_MXFP4_USE_MARLIN=1``: the MXFP4 experts run on vLLM's Marlin MoE kernel.
-INFERENCEX_GPT_OSS_HOPPER = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
-                                              kv_cache_dtype="auto", max_num_seqs_is_concurrency=True,
-                                              prefix_caching=False, mxfp4_moe_backend="marlin")
+INFERENCEX_GPT_OSS_HOPPER = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=True,
+                                        prefix_caching=False, mxfp4_moe_backend="marlin")
 #: ``benchmarks/single_node/minimaxm2.5_fp8_h200.sh`` (InferenceX, 2026-03-01 to 2026-03-27, vLLM 0.16.0 and
 #: 0.18.0): ``vllm serve`` with the layout, ``--gpu-memory-utilization 0.95`` and ``--max-model-len`` only, so the
 #: KV cache, running-request cap and prefix cache are vLLM's defaults; so does ``minimaxm2.5_fp8_b200.sh`` of
 #: 2026-03-11 (64c20b6b5, the vLLM 0.17.0 runs), which also exports ``VLLM_USE_FLASHINFER_MOE_FP8=0`` (the Triton MoE).
-INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
-                                       max_num_seqs_is_concurrency=False)
+INFERENCEX_MINIMAX = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=False)
 #: The same scripts while they tested ``if [ "$EP_SIZE" -ge 1 ]`` before passing ``--enable-expert-parallel``: true
 #: for the default EP of 1, so every run spread the experts over its TP ranks. ``minimaxm2.5_fp8_h200.sh`` did from
 #: 2026-03-13 (5e2c705d3, "enable ep", the TP 8 runs) and ``minimaxm2.5_fp8_b200.sh`` from its first version
@@ -97,14 +115,12 @@ INFERENCEX_MINIMAX = BenchmarkProtocol("InferenceX", requests_per_client=10, len
 INFERENCEX_MINIMAX_EP = replace(INFERENCEX_MINIMAX, expert_parallel=True)
 #: ``minimaxm2.5_fp8_h100.sh`` (2026-03-27, 626932a11, vLLM 0.18.0): no KV-cache dtype, ``--max-num-seqs 256`` (above
 #: every row's concurrency) and ``--no-enable-prefix-caching``.
-INFERENCEX_MINIMAX_H100 = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
-                                            kv_cache_dtype="auto", max_num_seqs_is_concurrency=False,
-                                            prefix_caching=False)
+INFERENCEX_MINIMAX_H100 = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=False,
+                                      prefix_caching=False)
 #: ``minimaxm2.5_fp8_b200.sh`` from 2026-04-03 (bddbf4031) and ``minimaxm2.5_fp8_b300.sh`` (the vLLM 0.19 runs):
 #: ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens $((ISL * 2))`` and ``--no-enable-prefix-caching``.
-INFERENCEX_MINIMAX_BLACKWELL = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
-                                                 kv_cache_dtype="fp8", max_num_seqs_is_concurrency=False,
-                                                 prefix_caching=False, batched_tokens_per_isl=2)
+INFERENCEX_MINIMAX_BLACKWELL = _inferencex(kv_cache_dtype="fp8", max_num_seqs_is_concurrency=False,
+                                           prefix_caching=False, batched_tokens_per_isl=2)
 #: Their vLLM 0.19.0 runs: that release's FP8 MoE oracle (``model_executor/layers/fused_moe/oracle/fp8.py``) takes
 #: FlashInfer's TRT-LLM block-FP8 MoE on SM100 for MiniMax-M2.5, whose routing (sigmoid scores with a bias, no expert
 #: groups) and FP32 router logits 0.17 and 0.18 refused for it (``experts/trtllm_fp8_moe.py``): the variant where
@@ -114,14 +130,12 @@ INFERENCEX_MINIMAX_VLLM_0_19 = replace(INFERENCEX_MINIMAX_BLACKWELL, moe_backend
 #: ``kv-cache-dtype: fp8`` and ``no-enable-prefix-caching`` in config.yaml, ``--max-num-seqs 512`` (at least every
 #: row's concurrency) and ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``: FlashInfer's TRT-LLM MXFP4 MoE with MXFP8
 #: activations; no async-scheduling flag (the release's default).
-INFERENCEX_GPT_OSS_B200 = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8,
-                                            kv_cache_dtype="fp8", max_num_seqs_is_concurrency=True,
-                                            prefix_caching=False, mxfp4_moe_backend="flashinfer-mxfp8")
+INFERENCEX_GPT_OSS_B200 = _inferencex(kv_cache_dtype="fp8", max_num_seqs_is_concurrency=True,
+                                      prefix_caching=False, mxfp4_moe_backend="flashinfer-mxfp8")
 #: ``benchmarks/single_node/kimik2.5_int4_h200.sh`` and ``kimik2.5_int4_b200.sh`` (InferenceX, 2026-03-27):
 #: ``--max-num-seqs $CONC`` and ``--no-enable-prefix-caching``, no KV-cache dtype (the model's, BF16). The B200 script
 #: also exports ``VLLM_USE_FLASHINFER_MOE_INT4=1`` (FlashInfer's INT4 MoE), which is not modelled (Marlin is).
-INFERENCEX_KIMI = BenchmarkProtocol("InferenceX", requests_per_client=10, length_ratio=0.8, kv_cache_dtype="auto",
-                                    max_num_seqs_is_concurrency=True, prefix_caching=False)
+INFERENCEX_KIMI = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=True, prefix_caching=False)
 #: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
 INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
@@ -333,6 +347,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         async_scheduling=protocol.async_scheduling, prefix_caching=prefix_caching,
         mxfp4_moe_backend=protocol.mxfp4_moe_backend,
         moe_backend=protocol.moe_backend if weights.startswith("fp8") else "auto",
+        per_prompt_token_us=protocol.per_prompt_token_us if str(row["backend"]) == "vllm" else None,
         scheduler_recv_interval=recv_interval,
     )
 

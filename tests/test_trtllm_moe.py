@@ -77,6 +77,8 @@ def test_the_trtllm_moe_is_refused_off_blackwell_and_the_launch_names_it() -> No
     assert refused.exit_code != 0 and "Blackwell" in refused.output and "--moe-backend auto" in refused.output
     assert "Traceback" not in refused.output
     assert CliRunner().invoke(main, [*args, "--gpu", "H100", "--moe-backend", "auto"]).exit_code == 0
+    triton = CliRunner().invoke(main, [*args, "--gpu", "H100", "--moe-backend", "triton"])
+    assert "VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0 vllm serve" in triton.output
     served = CliRunner().invoke(main, [*args, "--gpu", "B200", "--moe-backend", "flashinfer-trtllm"])
     assert served.exit_code == 0, served.output
     assert "VLLM_USE_FLASHINFER_MOE_FP8=1" in served.output

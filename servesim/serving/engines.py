@@ -179,9 +179,10 @@ class Vllm(Engine):
     no_prefix_cache_flag = "--no-enable-prefix-caching"
     no_async_flag = "--no-async-scheduling"
     async_flag = "--async-scheduling"
-    # vllm/model_executor/layers/fused_moe/oracle/fp8.py (0.17-0.19): VLLM_USE_FLASHINFER_MOE_FP8=0 takes the
-    # FlashInfer kernels out of the choice; =1 tries only them, TRT-LLM first with VLLM_FLASHINFER_MOE_BACKEND=latency.
-    moe_backend_flags = {"triton": (("VLLM_USE_FLASHINFER_MOE_FP8=0",), ()),
+    # vllm/model_executor/layers/fused_moe/oracle/fp8.py (0.15.1-0.19): VLLM_USE_FLASHINFER_MOE_FP8=0 and
+    # VLLM_MOE_USE_DEEP_GEMM=0 take the FlashInfer and DeepGEMM kernels out of the choice, leaving Triton; =1 tries
+    # only FlashInfer's, TRT-LLM first with VLLM_FLASHINFER_MOE_BACKEND=latency.
+    moe_backend_flags = {"triton": (("VLLM_USE_FLASHINFER_MOE_FP8=0", "VLLM_MOE_USE_DEEP_GEMM=0"), ()),
                          "flashinfer-trtllm": (("VLLM_USE_FLASHINFER_MOE_FP8=1", "VLLM_FLASHINFER_MOE_BACKEND=latency"),
                                                ())}
 

@@ -130,6 +130,19 @@ def test_inferencex_vllm_rows_pay_the_api_server_for_their_random_token_prompts(
     assert models.get(replace(llama, per_prompt_token_us=None)).overhead.per_prompt_token_us == 0.0
 
 
+def test_runs_replay_the_release_they_were_measured_on() -> None:
+    from servesim.validate.replay import case_release
+
+    def release(version: str) -> str:
+        return case_release(ServingCase("id", "m", "llama3-8b", "H100-SXM", "vllm", version, "bf16", 1, 1, 8, 8, 1,
+                                        None, 1.0, 1.0))
+
+    assert release("0.12.0") == "vllm==0.12.0" and release("0.13.1") == "vllm==0.12.0"
+    assert release("0.10.2") == "vllm==0.11.0"  # older than every modelled release: the oldest
+    # Unrecorded, or a nightly build (newer than every release): the newest.
+    assert release("") == release("nightly-5b8c30d62b754b57") == release("0.19.0") == "vllm==0.15.1"
+
+
 def test_checkpoint_ids_map_to_the_architecture_preset() -> None:
     assert preset_for("nvidia/Llama-3.1-8B-Instruct-FP8") == "llama3.1-8b"
     assert preset_for("meta-llama/Llama-3.1-70B") == "llama3.1-70b"

@@ -135,13 +135,14 @@ class StepModels:
 
 def case_release(case: ServingCase) -> str:
     """The engine release a case is replayed with: the newest modelled one not newer than the release it was
-    measured on (the oldest modelled for an older one), or the engine's newest when the source does not say."""
+    measured on (the oldest modelled for an older one), or the engine's newest when the source does not say or
+    names a nightly build rather than a release (``nightly-5b8c30d6…``, newer than every modelled release)."""
     from servesim.serving.engines import get_engine, release_key
 
     engine = get_engine(case.engine)
-    if not case.engine_version:
-        return engine.default_release.label
     measured = release_key(case.engine_version)
+    if not measured:
+        return engine.default_release.label
     older = [r for r in engine.releases if release_key(r.version) <= measured]
     return (older[-1] if older else engine.releases[0]).label
 

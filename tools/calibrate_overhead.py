@@ -90,7 +90,8 @@ RELEASE_TERMS = ("device_step_us", "per_prompt_token_us")
 
 def fit_release(args: argparse.Namespace) -> None:
     """Choose one term of one release on its runs of known protocol: replay them under each candidate of
-    ``--grid`` and keep the one of least TTFT plus TPOT MAPE."""
+    ``--grid`` (``device_per_seq_us`` at zero beside a ``device_step_us``) and keep the one of least TTFT plus TPOT
+    MAPE."""
     from dataclasses import replace
 
     from servesim.serving.engines import parse_engine
@@ -108,8 +109,10 @@ def fit_release(args: argparse.Namespace) -> None:
         cases = [replace(case, per_prompt_token_us=None) for case in cases]
     base = StepModels(args.estimator, {release.engine: release.overhead})
     losses = {}
+    # A device step term is chosen with no per-request device term beside it.
+    fixed = {"device_per_seq_us": 0.0} if args.term == "device_step_us" else {}
     for value in args.grid:
-        candidate = replace(release.overhead, **{args.term: value})
+        candidate = replace(release.overhead, **fixed, **{args.term: value})
         frame = replay_errors(cases, StepModels(args.estimator, {release.engine: candidate}, shares_with=base))
         losses[value] = replay_loss(frame)
         print(f"{args.term}={value:g}: {len(frame)} runs, {time.perf_counter() - start:.0f} s")

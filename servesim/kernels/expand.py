@@ -840,9 +840,9 @@ def expand(
     routed experts split over ``ep`` of the ``tp`` GPUs (:class:`servesim.models.parallel.Parallelism`).
 
     ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
-    default for the GPU), ``moe_backend`` that of BF16 and FP8 ones (``MOE_BACKENDS``). Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype,
-    kv_cache_dtype, the MoE kernel, ep): a simulator calls it for every step and repeated step shapes cost a dictionary
-    look-up.
+    default for the GPU), ``moe_backend`` that of BF16 and FP8 ones (``MOE_BACKENDS``). Memoised on (engine, model,
+    the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype, the MoE kernels, ep): a simulator calls
+    it for every step and repeated step shapes cost a dictionary look-up.
     """
     config = get_engine_kernels(engine)
     if dtype not in WEIGHT_DTYPES:

@@ -95,10 +95,11 @@ class Deployment:
         env = ["VLLM_MXFP4_USE_MARLIN=1"] if forced_marlin else []
         if self.dtype == "mxfp4" and self.mxfp4_moe_backend == "flashinfer-mxfp8":
             env.append("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1")
-        flags = self.engine.moe_backend_launch(self.settings.moe_backend) if self.model.is_moe else ((), ())
-        return " ".join([*env, *flags[0], *self.engine.launch_head(self.model.source, self.par), *quant,
+        moe_env, moe_flags = (self.engine.moe_backend_launch(self.settings.moe_backend) if self.model.is_moe
+                              else ((), ()))
+        return " ".join([*env, *moe_env, *self.engine.launch_head(self.model.source, self.par), *quant,
                          *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par)),
-                         *flags[1]])
+                         *moe_flags])
 
 
 def build_deployment(

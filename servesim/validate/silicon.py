@@ -218,11 +218,16 @@ _CLIENT_CAP_BUG = ("openai/gpt-oss-120b", "H100-SXM", "2025-11-21", "2025-12-08"
 _MEASURED = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
 
 
+def _measured_on(source: str) -> str:
+    """The date a row's ``source`` says it was measured on (``YYYY-MM-DD``), or "" where it does not say."""
+    measured = _MEASURED.search(source)
+    return measured.group(1) if measured else ""
+
+
 def _protocol_unknown(row: Mapping) -> str | None:
     """Why a row's run cannot be reconstructed, or None."""
     model_id, gpu, first, last = _CLIENT_CAP_BUG
-    measured = _MEASURED.search(str(row["source"]))
-    if (row["model"], row["gpu"]) == (model_id, gpu) and measured and first <= measured.group(1) <= last:
+    if (row["model"], row["gpu"]) == (model_id, gpu) and first <= _measured_on(str(row["source"])) <= last:
         return ("measured while InferenceX's gptoss_fp4_h100_docker.sh gave its client 512 clients whatever the "
                 "server's --max-num-seqs (fixed in 4e135fd3f): the server's cap and request count are not recorded")
     return None
@@ -234,8 +239,7 @@ def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = 
         return AICONFIGURATOR
     if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "B200") and version.startswith("0.17"):
         return INFERENCEX_MINIMAX_EP  # the B200 script before 2026-04-03
-    measured = _MEASURED.search(source)
-    if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "H200") and measured and measured.group(1) >= "2026-03-13":
+    if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "H200") and _measured_on(source) >= "2026-03-13":
         return INFERENCEX_MINIMAX_EP
     if model_id == "MiniMaxAI/MiniMax-M2.5" and gpu in ("B200", "B300") and version.startswith("0.19"):
         return INFERENCEX_MINIMAX_VLLM_0_19
@@ -340,7 +344,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
         engine_version=version,
-        dtype=weights, tp=layout[0], ep=layout[0] if protocol.expert_parallel else layout[1], pp=_int(row["pp"]) or 1, isl=isl, osl=osl,
+        dtype=weights, tp=layout[0], ep=layout[0] if protocol.expert_parallel else layout[1], pp=_int(row["pp"]) or 1,
+        isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},
         kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

@@ -184,7 +184,9 @@ class EngineKernels:
     def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
+    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
+                   local_attention: bool = False) -> GraphPlan:
+        """How a step of ``num_tokens`` runs; ``local_attention``: the model has chunked-local-attention layers."""
         raise NotImplementedError
 
     def all_reduce_impl(self, nbytes: int, gpu: GpuTraits) -> str:
@@ -206,11 +208,14 @@ class VllmKernels(EngineKernels):
     def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
         return (1, 2, 4, *range(8, self.max_capture_tokens + 1, 8))
 
-    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
+    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
+                   local_attention: bool = False) -> GraphPlan:
         if num_tokens > self.max_capture_tokens:
             return GraphPlan("none", num_tokens)
         padded = _pad(num_tokens, self.capture_sizes(gpu, tp))
-        return GraphPlan("full" if decode_only else "piecewise", padded)
+        # Chunked local attention's metadata builder takes no CUDA graph (AttentionCGSupport.NEVER in
+        # vllm/model_executor/layers/attention/chunked_local_attention.py, 0.15.1): decodes run piecewise too.
+        return GraphPlan("full" if decode_only and not local_attention else "piecewise", padded)
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,7 +232,8 @@ class SglangKernels(EngineKernels):
         sizes = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, limit + 1, 32))
         return tuple(s for s in sizes if s <= limit)
 
-    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int) -> GraphPlan:
+    def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
+                   local_attention: bool = False) -> GraphPlan:
         if not decode_only or num_tokens > self.max_graph_batch(gpu, tp):
             return GraphPlan("none", num_tokens)
         return GraphPlan("full", _pad(num_tokens, self.capture_sizes(gpu, tp)))

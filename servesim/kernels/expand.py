@@ -240,13 +240,36 @@ def windowed_lengths(query_lens: tuple[int, ...], kv_lens: tuple[int, ...], wind
     return read, window if max(read) > window else 0
 
 
-def _attention(ctx: _Ctx, window: int = 0) -> list[Kernel]:
+def local_attention_batches(query_lens: tuple[int, ...], kv_lens: tuple[int, ...],
+                            chunk: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The requests a chunked-local-attention layer's kernel sees (vLLM ``make_local_attention_virtual_batches``):
+    each request's new tokens split where the sequence crosses a multiple of ``chunk``, each piece a request of its
+    own whose keys start at its chunk's first token. A decode stays one request, of ``(context - 1) % chunk + 1``
+    keys; without a chunk (0), the lengths as they are."""
+    if not chunk:
+        return query_lens, kv_lens
+    queries: list[int] = []
+    keys: list[int] = []
+    for q, kv in zip(query_lens, kv_lens):
+        start = kv - q
+        while start < kv:
+            chunk_start = start - start % chunk
+            end = min(kv, chunk_start + chunk)
+            queries.append(end - start)
+            keys.append(end - chunk_start)
+            start = end
+    return tuple(queries), tuple(keys)
+
+
+def _attention(ctx: _Ctx, window: int = 0, chunk: int = 0) -> list[Kernel]:
     """The attention kernels of one layer for the engine's backend (see EngineKernels's flags); ``window`` > 0 for
-    a sliding-window layer. gpt-oss's attention sinks (one learned logit per head added to each softmax's
-    denominator) cost one term per query row and head, and are left out."""
+    a sliding-window layer, ``chunk`` > 0 for a chunked-local-attention one (:func:`local_attention_batches`).
+    gpt-oss's attention sinks (one learned logit per head added to each softmax's denominator) cost one term per
+    query row and head, and are left out."""
     batch, model = ctx.batch, ctx.model
-    kv_lens, window = windowed_lengths(batch.query_lens, batch.kv_lens, window)
-    decodes = len(batch.decodes)
+    query_lens, kv_lens = local_attention_batches(batch.query_lens, batch.kv_lens, chunk)
+    kv_lens, window = windowed_lengths(query_lens, kv_lens, window)
+    decodes = len(batch.decodes)  # first, one request each whatever the chunk
     common = dict(
         num_heads=ctx.heads,
         num_kv_heads=ctx.kv_heads,
@@ -259,7 +282,7 @@ def _attention(ctx: _Ctx, window: int = 0) -> list[Kernel]:
     if batch.is_decode_only:
         return [AttentionDecode(kv_lens=kv_lens, name="attn", **common)]
     if ctx.backend in ctx.engine.splits_mixed_attention and batch.decodes:
-        prefill_q, prefill_kv = batch.query_lens[decodes:], kv_lens[decodes:]
+        prefill_q, prefill_kv = query_lens[decodes:], kv_lens[decodes:]
         return [
             AttentionDecode(kv_lens=kv_lens[:decodes], name="attn.decode", **common),
             AttentionPrefill(query_lens=prefill_q, kv_lens=prefill_kv, window=window, name="attn.prefill", **common),
@@ -267,7 +290,7 @@ def _attention(ctx: _Ctx, window: int = 0) -> list[Kernel]:
     # A sliding window longer than a query's span stays in one paged kernel (SGLang runs gpt-oss with Triton
     # attention where its FlashInfer default would split off the cached prefix; docs/models.md).
     if ctx.backend in ctx.engine.ragged_prefix_split and not window:
-        q = batch.query_lens
+        q = query_lens
         cached = [(ql, kv - ql) for ql, kv in zip(q, kv_lens) if kv > ql]
         ragged = AttentionPrefill(query_lens=q, kv_lens=q, kv_layout="ragged", name="attn.ragged", **common)
         kernels: list[Kernel] = [ragged]
@@ -282,7 +305,7 @@ def _attention(ctx: _Ctx, window: int = 0) -> list[Kernel]:
                 )
             )
         return kernels
-    return [AttentionPrefill(query_lens=batch.query_lens, kv_lens=kv_lens, window=window, name="attn", **common)]
+    return [AttentionPrefill(query_lens=query_lens, kv_lens=kv_lens, window=window, name="attn", **common)]
 
 
 def balanced_routing(pairs: int, experts: int) -> tuple[int, ...]:
@@ -403,11 +426,13 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
     ops: list[Op] = [norm_cls(rows=t, dim=model.hidden_size, dtype=ctx.act, name="input_layernorm")]
     q_heads = 2 * ctx.heads if model.attn_output_gate else ctx.heads  # the gate comes out of q_proj beside Q
     ops += ctx.linear("qkv_proj", n=(q_heads + 2 * ctx.kv_heads) * hd, k=model.hidden_size, bias=model.attention_bias)
-    ops += _qk_norm(ctx)
-    ops += [
+    if model.has_qk_norm(layer):
+        ops += _qk_norm(ctx)
+    if model.uses_rope(layer):
         # A partial rotary embedding (MiniMax-M2: 64 of 128) reads and turns only its rope_dim values of each head.
-        Rope(tokens=t, num_heads=ctx.heads, num_kv_heads=ctx.kv_heads, head_dim=model.rope_dim, dtype=ctx.act,
-             name="rotary_emb"),
+        ops.append(Rope(tokens=t, num_heads=ctx.heads, num_kv_heads=ctx.kv_heads, head_dim=model.rope_dim,
+                        dtype=ctx.act, name="rotary_emb"))
+    ops += [
         # Padded slots (slot id -1) are skipped, so the cache write sees only the real tokens.
         KvWrite(
             tokens=ctx.batch.num_tokens,
@@ -417,7 +442,7 @@ def _layer(ctx: _Ctx, layer: int) -> list[Op]:
             kv_dtype=ctx.kv,
             name="kv_cache_write",
         ),
-        *_attention(ctx, model.attention_window(layer)),
+        *_attention(ctx, model.attention_window(layer), model.attention_chunk(layer)),
     ]
     if model.attn_output_gate:
         # attn_output * sigmoid(gate): two reads and one write of the heads' outputs, as SiLU&Mul's.
@@ -966,7 +991,7 @@ def step_part(
         raise ServesimError(f"unknown step part {part!r}; choose one of {', '.join(STEP_PARTS)}")
     config = get_engine_kernels(engine)
     traits = gpu_traits(gpu, config.name, tp)
-    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp)
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp, bool(model.attention_chunk_size))
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
     if part == "sampled_rows":
         return tuple(_sampled_rows(ctx, plan))
@@ -975,7 +1000,7 @@ def step_part(
     if model.is_mla:  # the attention kernels and the expansions of the cached context
         return tuple(_mla_attention(ctx, lengths_only=True))
     return tuple(op for layer in range(model.attention_cycle_layers) if not model.is_linear_layer(layer)
-                 for op in _attention(ctx, model.attention_window(layer)))
+                 for op in _attention(ctx, model.attention_window(layer), model.attention_chunk(layer)))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -983,17 +1008,19 @@ def _expand_cached(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
     dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False,
 ) -> StepKernels:
-    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp)
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp, bool(model.attention_chunk_size))
     ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep, trtllm_moe)
     layers = stage_layers(model.num_layers, pp, stage)
-    # Layer bodies by (is MoE, is sliding-window), each built once (layer 0 differs, built apart).
-    body: dict[tuple[bool, bool, bool], tuple[Op, ...]] = {}
+    # Layer bodies by (is MoE, is sliding-window, is linear, uses RoPE), each built once (layer 0 differs, built
+    # apart).
+    body: dict[tuple[bool, bool, bool, bool], tuple[Op, ...]] = {}
     runs: list[OpRun] = [OpRun(None, tuple(_stage_input(ctx, stage)))]
     for layer in layers:
         if layer == 0:
             layer_ops = tuple(_layer(ctx, 0))
         else:
-            key = (model.is_moe_layer(layer), model.is_sliding_layer(layer), model.is_linear_layer(layer))
+            key = (model.is_moe_layer(layer), model.is_sliding_layer(layer), model.is_linear_layer(layer),
+                   model.uses_rope(layer))
             if key not in body:
                 body[key] = tuple(_layer(ctx, layer))
             layer_ops = body[key]

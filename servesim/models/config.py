@@ -12,7 +12,7 @@ from servesim.errors import ServesimError
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss",
                          "deepseek_v3", "kimi_k2", "kimi_k25", "deepseek_v32", "glm_moe_dsa", "qwen3_next",
-                         "qwen3_5_moe")
+                         "qwen3_5_moe", "llama4", "llama4_text")
 #: Multi-head latent attention and DeepSeekMoE (DeepSeek-V3/R1; Kimi-K2 and the text model of Kimi-K2.5, whose
 #: ``text_config`` is a DeepSeek-V3 config): vLLM and SGLang ``models/deepseek_v2.py``.
 _MLA_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
@@ -29,7 +29,14 @@ INDEX_K_QUANT_BLOCK = 128
 _HYBRID_LINEAR_TYPES = ("qwen3_next", "qwen3_5_moe_text")
 #: Multimodal wrappers whose ``text_config`` holds the language model servesim times (the vision tower is left
 #: out), with the text model types servesim reads there.
-_TEXT_CONFIG_TYPES = {"kimi_k25": ("deepseek_v3", "kimi_k2"), "qwen3_5_moe": ("qwen3_5_moe_text",)}
+_TEXT_CONFIG_TYPES = {"kimi_k25": ("deepseek_v3", "kimi_k2"), "qwen3_5_moe": ("qwen3_5_moe_text",),
+                      "llama4": ("llama4_text",)}
+#: Llama 4 (Scout, Maverick; vLLM ``models/llama4.py``): every ``no_rope_layer_interval``-th layer attends to the
+#: whole context without a rotary embedding (NoPE), the others to their ``attention_chunk_size``-token chunk
+#: (chunked local attention) after RoPE and a weightless per-head RMSNorm of Q and K; MoE layers every
+#: ``interleave_moe_layer_step``-th, each a top-1 sigmoid-routed expert beside one shared expert of the experts'
+#: width (``intermediate_size``), the other layers a dense MLP of ``intermediate_size_mlp``.
+_LLAMA4_TYPES = ("llama4_text",)
 #: Architectures whose ``intermediate_size`` is each expert's width, every layer being MoE.
 _ALL_MOE_TYPES = ("mixtral", "minimax_m2", "gpt_oss")
 #: Per-head RMSNorm of Q and K over ``head_dim`` (Qwen3).
@@ -117,6 +124,10 @@ class ModelConfig:
     index_n_heads: int = 0
     index_head_dim: int = 0
     index_topk: int = 0
+    # Llama 4: layers without a rotary embedding (NoPE), which attend to the whole context; the others attend only
+    # within their ``attention_chunk_size``-token chunk of the sequence when it is set (0: no chunking).
+    nope_layer_indices: tuple[int, ...] = ()
+    attention_chunk_size: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -200,12 +211,25 @@ class ModelConfig:
         """Keys a query of ``layer`` sees at most, itself included; 0 for a full-attention layer."""
         return self.sliding_window if self.is_sliding_layer(layer) else 0
 
+    def uses_rope(self, layer: int) -> bool:
+        """Whether ``layer`` turns Q and K with the rotary embedding (all but Llama 4's NoPE layers)."""
+        return layer not in self.nope_layer_indices
+
+    def attention_chunk(self, layer: int) -> int:
+        """The chunk of the sequence a query of ``layer`` attends within (Llama 4's RoPE layers), 0 for none."""
+        return self.attention_chunk_size if self.uses_rope(layer) else 0
+
+    def has_qk_norm(self, layer: int) -> bool:
+        """Whether ``layer`` norms Q and K (:attr:`qk_norm`): Llama 4 norms them in its RoPE layers only."""
+        return bool(self.qk_norm) and self.uses_rope(layer)
+
     @property
     def attention_cycle_layers(self) -> int:
-        """The fewest layers after which the layers' attention kinds (full, sliding or linear) repeat: 1 when every
-        layer attends alike, 2 for gpt-oss's alternation, 4 for Qwen3.5's three linear layers to one full. One
-        cycle's attention over its length is a layer's mean."""
-        kinds = [(self.is_sliding_layer(i), self.is_linear_layer(i)) for i in range(self.num_layers)]
+        """The fewest layers after which the layers' attention kinds (full, sliding, chunked, NoPE or linear) repeat:
+        1 when every layer attends alike, 2 for gpt-oss's alternation, 4 for Qwen3.5's three linear layers to one
+        full and for Llama 4's three chunked layers to one NoPE. One cycle's attention over its length is a layer's
+        mean."""
+        kinds = [(self.is_sliding_layer(i), self.is_linear_layer(i), self.uses_rope(i)) for i in range(self.num_layers)]
         return next(p for p in range(1, self.num_layers + 1)
                     if all(kinds[i] == kinds[i % p] for i in range(self.num_layers)))
 
@@ -364,6 +388,11 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
             f"model {name!r} has model_type {model_type!r}; servesim supports {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     hybrid = model_type in _HYBRID_LINEAR_TYPES
+    llama4 = _llama4_fields(cfg, source) if model_type in _LLAMA4_TYPES else {}
+    if llama4:  # the generic keys of its MLP widths and MoE layers
+        cfg = {**cfg, "intermediate_size": cfg.get("intermediate_size_mlp"),
+               "moe_intermediate_size": cfg.get("intermediate_size"), "decoder_sparse_step": 1,
+               "mlp_only_layers": llama4.pop("dense_layers")}
     if hybrid and cfg.get("intermediate_size") is None and cfg.get("moe_intermediate_size") is not None:
         cfg = {**cfg, "intermediate_size": cfg["moe_intermediate_size"]}  # Qwen3.5-MoE: every layer is MoE
     try:
@@ -448,6 +477,7 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
         int4_group_size=int4_group_size(cfg.get("quantization_config")),
         **mla,
         **linear,
+        **llama4,
     )
 
 
@@ -508,12 +538,44 @@ def _mla_fields(cfg: Mapping[str, Any], source: str, dsa: bool) -> dict[str, int
 
 def _qk_norm(cfg: Mapping[str, Any], model_type: str) -> str:
     """Qwen3 norms each head of Q and K; a config with ``use_qk_norm`` (MiniMax-M2) says how with ``qk_norm_type``:
-    ``per_layer`` is one RMSNorm over all of Q and one over all of K (vLLM ``MiniMaxText01RMSNormTP``)."""
+    ``per_layer`` is one RMSNorm over all of Q and one over all of K (vLLM ``MiniMaxText01RMSNormTP``). Llama 4's
+    ``use_qk_norm`` norms each head (an RMSNorm without weights, in its RoPE layers)."""
     if model_type in _HEAD_QK_NORM_TYPES:
         return "head"
+    if model_type in _LLAMA4_TYPES:
+        return "head" if cfg.get("use_qk_norm") else ""
     if not cfg.get("use_qk_norm"):
         return ""
     return "layer" if cfg.get("qk_norm_type", "per_layer") == "per_layer" else "head"
+
+
+def _llama4_fields(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Llama 4's NoPE layers (``no_rope_layers``: 1 where a layer uses RoPE, else every ``no_rope_layer_interval``-th
+    layer, 4 by default, as transformers' ``Llama4TextConfig`` fills it in), the chunk its RoPE layers attend within,
+    its one shared expert, and the layers with a dense MLP (``dense_layers``): those not in ``moe_layers``, or not
+    every ``interleave_moe_layer_step``-th (vLLM: ``(layer + 1) % step == 0``; step 0: none is MoE)."""
+    layers = _count(cfg.get("num_hidden_layers"), "num_hidden_layers", source)
+    rope = cfg.get("no_rope_layers")
+    if rope:
+        if not isinstance(rope, list) or len(rope) != layers or any(flag not in (0, 1) for flag in rope):
+            raise ServesimError(f"model config {source!r}: no_rope_layers must give 0 (NoPE) or 1 (RoPE) for each of "
+                                f"the {layers} layers")
+        nope = tuple(i for i, flag in enumerate(rope) if flag == 0)
+    else:
+        interval = _count(cfg.get("no_rope_layer_interval", 4), "no_rope_layer_interval", source)
+        nope = tuple(i for i in range(layers) if (i + 1) % interval == 0)
+    moe = cfg.get("moe_layers")
+    if moe is None:
+        step = cfg.get("interleave_moe_layer_step", 1)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ServesimError(f"model config {source!r}: interleave_moe_layer_step is {step!r}; it must be a whole "
+                                f"number of at least 0")
+        moe = [i for i in range(layers) if step and (i + 1) % step == 0]
+    chunk = cfg.get("attention_chunk_size")
+    return {"nope_layer_indices": nope,
+            "attention_chunk_size": _count(chunk, "attention_chunk_size", source) if chunk is not None else 0,
+            "n_shared_experts": 1 if moe else 0,
+            "dense_layers": [i for i in range(layers) if i not in set(moe)]}
 
 
 def _sliding_layers(cfg: Mapping[str, Any], layers: int, source: str) -> tuple[tuple[int, ...], int]:

@@ -178,7 +178,8 @@ class StepTimeModel:
         return self._collective_us[key]
 
     def _graph_plan(self, num_tokens: int, decode_only: bool) -> GraphPlan:
-        return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp)
+        return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp,
+                                       bool(self.model.attention_chunk_size))
 
     def _rest_time_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:
         key = (num_tokens, num_requests, decode_only)

@@ -1,8 +1,10 @@
-"""DeepSeek-V3/R1 and Kimi-K2.5: multi-head latent attention and DeepSeekMoE.
+"""DeepSeek-V3/R1, DeepSeek-V2-Lite and Kimi-K2.5: multi-head latent attention and DeepSeekMoE.
 
 Published figures: DeepSeek-V3 technical report (arXiv 2412.19437: 671B total, 37B activated parameters; 61 layers,
 the first 3 dense; 256 routed experts top-8 plus 1 shared; MLA with a 512-wide KV latent and 64-wide rotary key);
-Kimi-K2 model card (1T total, 32B activated; 384 experts, 64 heads, 1 dense layer).
+DeepSeek-V2 report (arXiv 2405.04434, V2-Lite: 15.7B total, 2.4B activated; 27 layers, the first dense; 64 routed
+experts top-6 plus 2 shared; no query compression); Kimi-K2 model card (1T total, 32B activated; 384 experts, 64
+heads, 1 dense layer).
 """
 
 from __future__ import annotations
@@ -44,6 +46,18 @@ def test_deepseek_r1_config_loads_to_its_dense_and_moe_layers():
     assert (m.kv_lora_rank, m.qk_rope_head_dim, m.head_dim, m.v_head_dim, m.q_lora_rank) == (512, 64, 192, 128, 1536)
     assert m.total_params() == pytest.approx(671e9, rel=0.01)
     assert m.active_params() == pytest.approx(37e9, rel=0.03)
+
+
+def test_deepseek_v2_lite_projects_queries_straight_and_routes_ungrouped():
+    m = get_model("deepseek-v2-lite")
+    assert m.is_mla and m.model_type == "deepseek_v2" and m.q_lora_rank == 0
+    assert (m.num_layers, len(m.moe_layer_indices), m.moe_layer_indices[0]) == (27, 26, 1)
+    assert (m.num_experts, m.num_experts_per_tok, m.n_shared_experts, m.n_group) == (64, 6, 2, 1)
+    assert not m.norm_topk_prob and m.intermediate_size == 10944  # the dense first layer's width
+    assert m.total_params() == pytest.approx(15.7e9, rel=0.01)
+    assert m.active_params() - m.embedding_params() == pytest.approx(2.4e9, rel=0.03)
+    names = {op.name for op in expand("vllm", m, get_gpu("A100"), BatchSpec((PrefillChunk(512),))).layer_ops(1)}
+    assert "q_proj" in names and not names & {"q_a_proj", "q_b_proj", "fused_qkv_a_proj"}
 
 
 @pytest.mark.skipif(not AIC_CONFIGS.is_dir(), reason="aiconfigurator-core's model configs are not installed")

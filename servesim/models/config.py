@@ -12,10 +12,10 @@ from servesim.errors import ServesimError
 #: Architectures (HF ``model_type``) whose layers servesim knows how to expand into kernels (docs/models.md).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "minimax_m2", "gpt_oss",
                          "deepseek_v3", "kimi_k2", "kimi_k25", "deepseek_v32", "glm_moe_dsa", "qwen3_next",
-                         "qwen3_5_moe", "llama4", "llama4_text")
-#: Multi-head latent attention and DeepSeekMoE (DeepSeek-V3/R1; Kimi-K2 and the text model of Kimi-K2.5, whose
-#: ``text_config`` is a DeepSeek-V3 config): vLLM and SGLang ``models/deepseek_v2.py``.
-_MLA_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
+                         "qwen3_5_moe", "llama4", "llama4_text", "deepseek_v2")
+#: Multi-head latent attention and DeepSeekMoE (DeepSeek-V2 and V2-Lite, DeepSeek-V3/R1; Kimi-K2 and the text model
+#: of Kimi-K2.5, whose ``text_config`` is a DeepSeek-V3 config): vLLM and SGLang ``models/deepseek_v2.py``.
+_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
 #: MLA with DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a lightning indexer picks each query's top
 #: ``index_topk`` cached tokens and MLA attends to those only (SGLang ``srt/layers/attention/nsa/nsa_indexer.py``;
 #: vLLM ``models/deepseek_v2.py`` ``Indexer``).

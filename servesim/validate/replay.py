@@ -38,6 +38,10 @@ CHECKPOINT_PRESETS: Mapping[str, str] = {
     "mistralai/Mistral-Nemo-Base-2407": "mistral-nemo-12b",
     "01-ai/Yi-34B-Chat": "yi-34b",
     "zhipuai/GLM-5": "glm-5",
+    "deepseek-ai/DeepSeek-V2-Lite": "deepseek-v2-lite",
+    "meta-llama/Llama-4-Scout-17B-16E": "llama4-scout",
+    "meta-llama/Llama-4-Maverick-17B-128E": "llama4-maverick",
+    "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8": "llama4-maverick",
 }
 
 

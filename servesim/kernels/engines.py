@@ -214,7 +214,8 @@ class VllmKernels(EngineKernels):
             return GraphPlan("none", num_tokens)
         padded = _pad(num_tokens, self.capture_sizes(gpu, tp))
         # Chunked local attention's metadata builder takes no CUDA graph (AttentionCGSupport.NEVER in
-        # vllm/model_executor/layers/attention/chunked_local_attention.py, 0.15.1): decodes run piecewise too.
+        # vllm/model_executor/layers/attention/chunked_local_attention.py, 0.15.1), so the model runner turns
+        # FULL_AND_PIECEWISE into PIECEWISE (v1/worker/gpu_model_runner.py _check_and_update_cudagraph_mode).
         return GraphPlan("full" if decode_only and not local_attention else "piecewise", padded)
 
 

@@ -41,10 +41,11 @@ BAR_PRESETS = ("llama3.1-8b", "llama3.1-70b", "qwen3-32b")
 _GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block", "nvfp4": "mxfp4",
                       "int4_wo": "int4"}
 #: Models whose ``fp8`` rows ran a block-scaled FP8 checkpoint that servesim's preset (the BF16 release's config)
-#: does not declare: InferenceX serves ``Qwen/Qwen3.5-397B-A17B-FP8`` (``.github/configs/nvidia-master.yaml``),
-#: Qwen's FP8 release, whose weights carry one scale per 128 x 128 block (``weight_block_size``) as Qwen's FP8
-#: checkpoints do.
-FP8_BLOCK_CHECKPOINTS = frozenset({"Qwen/Qwen3.5-397B-A17B"})
+#: does not declare: InferenceX serves ``Qwen/Qwen3.5-397B-A17B-FP8`` (``.github/configs/nvidia-master.yaml``), and
+#: aiconfigurator's vLLM rows of ``Qwen/Qwen3-235B-A22B-FP8`` name that checkpoint (its SGLang rows say
+#: ``fp8_block``): Qwen's FP8 releases, whose weights carry one scale per 128 x 128 block (``weight_block_size``),
+#: which vLLM reads from the checkpoint whatever the label.
+FP8_BLOCK_CHECKPOINTS = frozenset({"Qwen/Qwen3.5-397B-A17B", "Qwen/Qwen3-235B-A22B-FP8"})
 
 
 def _weight_format(model_id: str, quant: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -223,7 +224,7 @@ class ModelConfig:
         """Whether ``layer`` norms Q and K (:attr:`qk_norm`): Llama 4 norms them in its RoPE layers only."""
         return bool(self.qk_norm) and self.uses_rope(layer)
 
-    @property
+    @functools.cached_property
     def attention_cycle_layers(self) -> int:
         """The fewest layers after which the layers' attention kinds (full, sliding, chunked, NoPE or linear) repeat:
         1 when every layer attends alike, 2 for gpt-oss's alternation, 4 for Qwen3.5's three linear layers to one

@@ -126,6 +126,25 @@ def test_shared_experts_add_flops_and_moe_layers_route_grouped():
                                                                    for op in with_shared.layer_ops(2))
 
 
+def test_sglang_runs_deepseeks_shared_expert_inside_the_fused_moe():
+    """SGLang's shared-experts fusion: DeepSeek-V3/R1's shared expert is a 257th expert every token picks, in the
+    Triton fused MoE; not under expert parallelism, FlashInfer's TRT-LLM MoE (B200) or for Kimi-K2's 384 experts;
+    vLLM keeps it a dense MLP beside the experts. The work is the same either way."""
+    batch = BatchSpec(decodes=(1500,) * 4)
+
+    def layer(engine, model=R1, gpu=H200, ep=1):
+        return expand(engine, model, gpu, batch, tp=8, ep=ep, dtype="fp8-block").layer_ops(3)
+
+    (fused,) = [op for op in layer("sglang") if isinstance(op, FusedMoE)]
+    assert fused.top_k == 9 and max(fused.expert_tokens) == 4 == fused.expert_tokens[-1]
+    assert not [op for op in layer("sglang") if op.name.startswith("shared_experts")]
+    (apart,) = [op for op in layer("vllm") if isinstance(op, FusedMoE)]
+    assert apart.top_k == 8 and fused.flops() - apart.flops() == pytest.approx(6.0 * 4 * 7168 * 2048 / 8)
+    for engine, model, gpu, ep in (("vllm", R1, H200, 1), ("sglang", R1, H200, 8), ("sglang", R1, B200, 1),
+                                   ("sglang", dataclasses.replace(KIMI, checkpoint_quant="fp8-block"), H200, 1)):
+        assert [op for op in layer(engine, model, gpu, ep) if op.name == "shared_experts.gate_up_proj"], (engine, gpu)
+
+
 def test_int4_experts_run_on_marlin_and_only_for_int4_checkpoints():
     step = expand("vllm", KIMI, B200, BatchSpec(decodes=(1024,) * 8), tp=8, dtype="int4")
     (moe,) = {op for op in _ops(step, MarlinMoE)}

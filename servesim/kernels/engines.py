@@ -111,6 +111,10 @@ class EngineKernels:
     #: weight formats whose experts run on FlashInfer's TRT-LLM fused MoE (:class:`servesim.kernels.types.TrtllmMoE`)
     #: rather than the Triton path.
     trtllm_moe: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    #: Model types whose one shared expert runs inside the Triton fused MoE as one more expert every token picks
+    #: (SGLang's shared-experts fusion), rather than as a dense MLP beside it, when the experts are not split over
+    #: expert-parallel ranks.
+    fused_shared_expert_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_backends", MappingProxyType(dict(self.attention_backends)))
@@ -270,6 +274,11 @@ SGLANG = SglangKernels(
         **{family: ("fp8", "fp8-block") for family in ("deepseek_v3", "kimi_k2", "glm_moe_dsa", "deepseek_v32")},
         **{family: ("fp8", "fp8-block", "bf16") for family in ("qwen3_moe", "qwen3_5_moe_text")},
     }},
+    # python/sglang/srt/models/deepseek_v2.py determine_num_fused_shared_experts (0.5.x): DeepSeek-V3/R1 (the
+    # DeepseekV3ForCausalLM architecture, 256 routed experts and 1 shared) on compute capability 8.0 and up, without
+    # expert parallelism, W4AFP8 or DeepEP; server_args.py disables it under the FlashInfer TRT-LLM MoE runner.
+    # Kimi-K2 (384 experts) and DeepSeek-V3.2 (another architecture) keep their shared expert apart.
+    fused_shared_expert_types=("deepseek_v3",),
 )
 
 ENGINE_KERNELS: dict[str, EngineKernels] = {e.name: e for e in (VLLM, SGLANG)}

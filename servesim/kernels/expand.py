@@ -364,6 +364,10 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     marlin = ctx.weights == "int4" or (ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin")
     flashinfer_mxfp4 = ctx.weights == "mxfp4" and ctx.mxfp4_moe.startswith("flashinfer")
     scale = _FP8_SCALES.get(ctx.weights, "")
+    routed = balanced_routing(local_pairs(t, top_k, experts, ctx.ep), reached)
+    fused_shared = _fuses_shared_expert(ctx) and not (marlin or ctx.trtllm_moe or flashinfer_mxfp4)
+    if fused_shared:  # the shared expert is one more expert of the fused MoE, which every token picks
+        reached, top_k, routed = reached + 1, top_k + 1, (*routed, t)
     return [
         # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
         # it in FP32, which this BF16 GEMM leaves out (docs/models.md).
@@ -382,7 +386,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             top_k=top_k,
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // (ctx.tp // ctx.ep),
-            expert_tokens=balanced_routing(local_pairs(t, top_k, experts, ctx.ep), reached),
+            expert_tokens=routed,
             dtype="fp8" if scale or (flashinfer_mxfp4 and ctx.mxfp4_moe == "flashinfer-mxfp8") else ctx.act,
             scale=scale,
             weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",
@@ -390,9 +394,17 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             name="experts",
             **({"global_experts": experts} if marlin and ctx.ep > 1 else {}),
         ),
-        *_shared_experts(ctx),
+        *(() if fused_shared else _shared_experts(ctx)),
         *ctx.all_reduce("moe.all_reduce"),
     ]
+
+
+def _fuses_shared_expert(ctx: _Ctx) -> bool:
+    """Whether the engine runs the model's one shared expert inside the fused MoE (see
+    ``EngineKernels.fused_shared_expert_types``): the experts whole on every GPU (no expert parallelism)."""
+    model = ctx.model
+    return (model.model_type in ctx.engine.fused_shared_expert_types and model.n_shared_experts == 1
+            and model.num_experts == 256 and ctx.ep == 1)
 
 
 def _shared_experts(ctx: _Ctx) -> list[Op]:

@@ -102,12 +102,12 @@ _GRAPH_LAUNCH_US = 15.0
 #: 8.2 to 9.3 ms (against 7.1 to 7.4 ms graphed; sgl-project/sglang pull request 1401), over 324 launches (``servesim
 #: kernels --model llama3-8b --engine sglang --batch decode:128``): 25 to 29 µs each; and its log of a DeepSeek-V3
 #: prompt of one new token at TP 8, "forward cost" 82.64 ms eager against 23.1 ms with a prompt CUDA graph (pull
-#: request 12160), over 1,522 launches (1,398 kernels, 124 collectives: ``servesim kernels --model deepseek-v3
-#: --engine sglang --tp 8 --dtype fp8-block --batch prefill:1+1``): 54.3 µs, the MoE layers' routing, sorting and
-#: quantisation launching around each modelled kernel. vLLM runs prompts through torch.compile's code or piecewise
-#: graphs and keeps the 5 µs prior.
+#: request 12160), over 1,232 launches (1,108 kernels, the shared expert inside the fused MoE, and 124 collectives:
+#: ``servesim kernels --model deepseek-v3 --engine sglang --tp 8 --dtype fp8-block --batch prefill:1+1``): 67.1 µs,
+#: the MoE layers' routing, sorting and quantisation launching around each modelled kernel. vLLM runs prompts
+#: through torch.compile's code or piecewise graphs and keeps the 5 µs prior.
 SGLANG_EAGER_LAUNCH_US = 27.0
-SGLANG_MOE_EAGER_LAUNCH_US = 54.3
+SGLANG_MOE_EAGER_LAUNCH_US = 67.1
 
 #: (engine, version) -> constants. ``step_us``, ``per_seq_us``, ``device_step_us`` and ``device_per_seq_us`` were
 #: fitted by ``tools/calibrate_overhead.py --estimator mlp`` (the default estimator) on the H100 rows of

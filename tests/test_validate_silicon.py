@@ -98,6 +98,21 @@ def test_runs_whose_client_ignored_the_nominal_concurrency_are_skipped(rows: pd.
     assert any(isinstance(o, ServingCase) for o in outcomes)  # the later runs replay
 
 
+def test_runs_the_file_does_not_tell_apart_are_skipped(rows: pd.DataFrame) -> None:
+    # InferenceX ran DeepSeek-R1 on B200 with SGLang with and without MTP at once (2026-03-25): the file holds two
+    # results of each such configuration, and copies of them from a later export, and not which ran speculative
+    # decoding. All are left out; copies of one result, or runs at other times, are not.
+    dsr1 = rows[(rows["model"] == "deepseek-ai/DeepSeek-R1") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")]
+    cases, skipped = silicon_cases(dsr1)
+    mixed = dsr1[dsr1["id"].isin({s.case_id for s in skipped if "MTP" in s.reason})]
+    assert len(mixed) == 30 and (mixed["gemm_quant"] == "fp8").all() and (mixed["moe_ep"] == 1).all()
+    assert (mixed["tpot_ms"].round(3).groupby([mixed["isl"], mixed["osl"], mixed["concurrency"]]).nunique() == 2).all()
+    results = set(zip(mixed["ttft_ms"].round(3), mixed["tpot_ms"].round(3)))
+    assert not [c for c in cases if (round(c.measured_ttft_ms, 3), round(c.measured_tpot_ms, 3)) in results]
+    doubled = pd.concat([dsr1.iloc[:1], dsr1.iloc[:1].assign(id="copy")])
+    assert not [s for s in silicon_cases(doubled)[1] if "MTP" in s.reason]
+
+
 def test_minimax_runs_keep_the_expert_parallelism_their_script_passed(rows: pd.DataFrame) -> None:
     # The H200 script passed --enable-expert-parallel for every run from 2026-03-13 (its TP 8 runs), not before.
     h200 = rows[(rows["model"] == "MiniMaxAI/MiniMax-M2.5") & (rows["gpu"] == "H200")]

@@ -113,6 +113,17 @@ def test_runs_the_file_does_not_tell_apart_are_skipped(rows: pd.DataFrame) -> No
     assert not [s for s in silicon_cases(doubled)[1] if "MTP" in s.reason]
 
 
+def test_runs_of_an_mtp_launch_and_their_copies_are_skipped(rows: pd.DataFrame) -> None:
+    # InferenceX's Qwen3.5 FP8 B200 runs at TP 4 EP 1 on lmsysorg/sglang:v0.5.9-cu130 are its MTP launch; the plain
+    # one ran TP 4 EP 4 and TP 8 on another image. Exports without the image keep copies of their results.
+    qwen = rows[(rows["model"] == "Qwen/Qwen3.5-397B-A17B") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")]
+    cases, skipped = silicon_cases(qwen)
+    mtp = qwen[qwen["id"].isin({s.case_id for s in skipped if "MTP speculative decoding (its" in s.reason})]
+    assert len(mtp) == 63 and set(zip(mtp["tp"], mtp["moe_ep"])) == {(4, 1)}
+    assert (~mtp["source"].str.contains("image=")).sum() == 21  # the copies
+    assert {(c.tp, c.ep) for c in cases if c.dtype == "fp8-block"} == {(4, 4), (8, 1)}
+
+
 def test_minimax_runs_keep_the_expert_parallelism_their_script_passed(rows: pd.DataFrame) -> None:
     # The H200 script passed --enable-expert-parallel for every run from 2026-03-13 (its TP 8 runs), not before.
     h200 = rows[(rows["model"] == "MiniMaxAI/MiniMax-M2.5") & (rows["gpu"] == "H200")]

@@ -364,6 +364,11 @@ _RUN_CONFIG = ("model", "gpu", "backend", "backend_version", "gemm_quant", "moe_
 _MEASURED_AT = re.compile(r"measured=([^;]+)")
 
 
+def _result(rows: pd.DataFrame) -> pd.Series:
+    """A row's measured TTFT and TPOT to 0.01 ms: the precision of the least precise of the file's copies of a run."""
+    return rows["ttft_ms"].round(2).astype(str) + "/" + rows["tpot_ms"].round(2).astype(str)
+
+
 def mixed_runs(rows: pd.DataFrame) -> set[str]:
     """Ids of InferenceX rows the file does not tell apart: a configuration (:data:`_RUN_CONFIG`) measured at one
     time with different results, and the copies of those results that InferenceX's later exports hold
@@ -373,8 +378,7 @@ def mixed_runs(rows: pd.DataFrame) -> set[str]:
     setting; which is which cannot be read from it. Repeated runs measured at different times stay."""
     sources = rows["source"].astype(str)
     keyed = rows.assign(measured=sources.str.extract(_MEASURED_AT, expand=False),
-                        day=sources.str.extract(_MEASURED, expand=False),
-                        result=rows["ttft_ms"].round(3).astype(str) + "/" + rows["tpot_ms"].round(3).astype(str))
+                        day=sources.str.extract(_MEASURED, expand=False), result=_result(rows))
     keyed = keyed[keyed["measured"].notna()]
     config = list(_RUN_CONFIG)
     at_once = keyed.groupby([keyed[c] for c in (*config, "measured")], dropna=False)["result"].transform("nunique")
@@ -383,15 +387,38 @@ def mixed_runs(rows: pd.DataFrame) -> set[str]:
     return set(copies["id"].astype(str))
 
 
+#: InferenceX launches that ran MTP speculative decoding, told apart from its plain runs by their image and layout:
+#: (model, GPU, image, TP, EP). ``.github/configs/nvidia-master.yaml`` of 2026-03-21 runs ``qwen3.5-fp8-b200-sglang``
+#: on ``lmsysorg/sglang:v0.5.9-cu129-amd64`` at TP 4 EP 4 and TP 8 EP 1 only, and ``qwen3.5-fp8-b200-sglang-mtp``
+#: (``spec-decoding: mtp``) on ``lmsysorg/sglang:v0.5.9-cu130`` at TP 4 EP 1.
+_MTP_LAUNCHES = frozenset({("Qwen/Qwen3.5-397B-A17B", "B200", "lmsysorg/sglang:v0.5.9-cu130", 4, 1)})
+_IMAGE = re.compile(r"image=([^;]+)")
+
+
+def mtp_runs(rows: pd.DataFrame) -> set[str]:
+    """Ids of rows measured with MTP speculative decoding (:data:`_MTP_LAUNCHES`), which servesim does not model,
+    and of the copies of their results (the same configuration and result) in exports that do not name the image."""
+    launch = pd.Series(list(zip(rows["model"], rows["gpu"], rows["source"].astype(str).str.extract(_IMAGE)[0],
+                                rows["tp"], rows["moe_ep"].fillna(1))), index=rows.index)
+    keyed = rows.assign(result=_result(rows))
+    config = [*_RUN_CONFIG, "result"]
+    mtp = keyed.loc[launch.isin(_MTP_LAUNCHES), config].drop_duplicates()
+    return set(keyed.merge(mtp, on=config)["id"].astype(str))
+
+
 def silicon_cases(rows: pd.DataFrame, seed: int = 0) -> tuple[list[ServingCase], list[Skipped]]:
     """Cases of the rows that can be replayed, and the others with their reasons."""
     cases, skipped = [], []
-    mixed = mixed_runs(rows)
+    mixed, mtp = mixed_runs(rows), mtp_runs(rows)
     for row in rows.to_dict("records"):
         if str(row["id"]) in mixed:
             skipped.append(_skip(row, "another run of the same configuration at the same time differs (InferenceX "
                                       "ran some with and without MTP speculative decoding, which the file does not "
                                       "record)"))
+            continue
+        if str(row["id"]) in mtp:
+            skipped.append(_skip(row, "measured with MTP speculative decoding (its InferenceX launch's image and "
+                                      "layout), which servesim does not model"))
             continue
         outcome = silicon_case(row, seed)
         (skipped if isinstance(outcome, Skipped) else cases).append(outcome)

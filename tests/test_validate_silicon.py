@@ -110,7 +110,10 @@ def test_runs_the_file_does_not_tell_apart_are_skipped(rows: pd.DataFrame) -> No
     results = set(zip(mixed["ttft_ms"].round(3), mixed["tpot_ms"].round(3)))
     assert not [c for c in cases if (round(c.measured_ttft_ms, 3), round(c.measured_tpot_ms, 3)) in results]
     doubled = pd.concat([dsr1.iloc[:1], dsr1.iloc[:1].assign(id="copy")])
-    assert not [s for s in silicon_cases(doubled)[1] if "MTP" in s.reason]
+    assert not [s for s in silicon_cases(doubled, among=doubled)[1] if "MTP" in s.reason]
+    # A row chosen alone (--row-id) is skipped as it is among the whole file.
+    (alone,) = silicon_cases(dsr1[dsr1["id"] == mixed["id"].iloc[0]])[1]
+    assert "MTP" in alone.reason
 
 
 def test_runs_of_an_mtp_launch_and_their_copies_are_skipped(rows: pd.DataFrame) -> None:

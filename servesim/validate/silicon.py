@@ -17,9 +17,11 @@ Two benchmark protocols are in the file, told apart by the row's ``source``:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import pandas as pd
 
@@ -406,20 +408,34 @@ def mtp_runs(rows: pd.DataFrame) -> set[str]:
     return set(keyed.merge(mtp, on=config)["id"].astype(str))
 
 
-def silicon_cases(rows: pd.DataFrame, seed: int = 0) -> tuple[list[ServingCase], list[Skipped]]:
-    """Cases of the rows that can be replayed, and the others with their reasons."""
+#: Why the rows of :func:`mixed_runs` and :func:`mtp_runs` are not replayed.
+_MIXED_REASON = ("another run of the same configuration at the same time differs (InferenceX ran some with and without "
+                 "MTP speculative decoding, which the file does not record)")
+_MTP_REASON = ("measured with MTP speculative decoding (its InferenceX launch's image and layout), which servesim does "
+               "not model")
+
+
+def unreplayable_runs(rows: pd.DataFrame) -> dict[str, str]:
+    """Ids of the rows among ``rows`` whose run cannot be reconstructed from the others (:func:`mixed_runs`,
+    :func:`mtp_runs`), with the reason."""
+    return {**dict.fromkeys(mtp_runs(rows), _MTP_REASON), **dict.fromkeys(mixed_runs(rows), _MIXED_REASON)}
+
+
+@functools.cache
+def _file_unreplayable_runs() -> Mapping[str, str]:
+    """:func:`unreplayable_runs` over every aggregated row of the file."""
+    return MappingProxyType(unreplayable_runs(load_silicon_rows()))
+
+
+def silicon_cases(rows: pd.DataFrame, seed: int = 0,
+                  among: pd.DataFrame | None = None) -> tuple[list[ServingCase], list[Skipped]]:
+    """Cases of the rows that can be replayed, and the others with their reasons. Runs the file does not tell apart
+    are found among ``among`` (every aggregated row of the file by default), whatever the selection: a row chosen
+    alone is skipped as it is in the whole file."""
+    unreplayable = _file_unreplayable_runs() if among is None else unreplayable_runs(among)
     cases, skipped = [], []
-    mixed, mtp = mixed_runs(rows), mtp_runs(rows)
     for row in rows.to_dict("records"):
-        if str(row["id"]) in mixed:
-            skipped.append(_skip(row, "another run of the same configuration at the same time differs (InferenceX "
-                                      "ran some with and without MTP speculative decoding, which the file does not "
-                                      "record)"))
-            continue
-        if str(row["id"]) in mtp:
-            skipped.append(_skip(row, "measured with MTP speculative decoding (its InferenceX launch's image and "
-                                      "layout), which servesim does not model"))
-            continue
-        outcome = silicon_case(row, seed)
+        reason = unreplayable.get(str(row["id"]))
+        outcome = _skip(row, reason) if reason else silicon_case(row, seed)
         (skipped if isinstance(outcome, Skipped) else cases).append(outcome)
     return cases, skipped

@@ -97,6 +97,7 @@ def test_llama4_layer_lists_come_from_the_config_keys_that_give_them():
     ({"no_rope_layers": [1, 1]}, "for each of the 4 layers"),
     ({"interleave_moe_layer_step": -1}, "interleave_moe_layer_step is -1"),
     ({"attention_chunk_size": 0}, "attention_chunk_size is 0"),
+    ({"intermediate_size_mlp": None}, "intermediate_size_mlp is None"),
 ])
 def test_bad_llama4_keys_are_refused_with_a_reason(keys, message):
     with pytest.raises(ServesimError, match=message):

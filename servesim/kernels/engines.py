@@ -111,10 +111,10 @@ class EngineKernels:
     #: weight formats whose experts run on FlashInfer's TRT-LLM fused MoE (:class:`servesim.kernels.types.TrtllmMoE`)
     #: rather than the Triton path.
     trtllm_moe: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
-    #: Model types whose one shared expert runs inside the Triton fused MoE as one more expert every token picks
-    #: (SGLang's shared-experts fusion), rather than as a dense MLP beside it, when the experts are not split over
-    #: expert-parallel ranks.
-    fused_shared_expert_types: tuple[str, ...] = ()
+    #: (model type, routed experts, shared experts) of the models whose shared expert runs inside the Triton fused
+    #: MoE as one more expert every token picks (SGLang's shared-experts fusion), rather than as a dense MLP beside
+    #: it, when the experts are not split over expert-parallel ranks (:meth:`fuses_shared_expert`).
+    fused_shared_experts: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_backends", MappingProxyType(dict(self.attention_backends)))
@@ -184,6 +184,11 @@ class EngineKernels:
         """Whether the engine runs the routed experts of ``model_type`` in ``weights`` on FlashInfer's TRT-LLM fused
         MoE on ``architecture`` GPUs by default."""
         return weights in self.trtllm_moe.get(architecture, {}).get(model_type, ())
+
+    def fuses_shared_expert(self, model_type: str, routed_experts: int, shared_experts: int, ep: int) -> bool:
+        """Whether the Triton fused MoE runs the model's shared expert as one more expert (see
+        :attr:`fused_shared_experts`): never under expert parallelism."""
+        return ep == 1 and (model_type, routed_experts, shared_experts) in self.fused_shared_experts
 
     def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
         raise NotImplementedError
@@ -278,7 +283,7 @@ SGLANG = SglangKernels(
     # DeepseekV3ForCausalLM architecture, 256 routed experts and 1 shared) on compute capability 8.0 and up, without
     # expert parallelism, W4AFP8 or DeepEP; server_args.py disables it under the FlashInfer TRT-LLM MoE runner.
     # Kimi-K2 (384 experts) and DeepSeek-V3.2 (another architecture) keep their shared expert apart.
-    fused_shared_expert_types=("deepseek_v3",),
+    fused_shared_experts=(("deepseek_v3", 256, 1),),
 )
 
 ENGINE_KERNELS: dict[str, EngineKernels] = {e.name: e for e in (VLLM, SGLANG)}

@@ -365,7 +365,8 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     flashinfer_mxfp4 = ctx.weights == "mxfp4" and ctx.mxfp4_moe.startswith("flashinfer")
     scale = _FP8_SCALES.get(ctx.weights, "")
     routed = balanced_routing(local_pairs(t, top_k, experts, ctx.ep), reached)
-    fused_shared = _fuses_shared_expert(ctx) and not (marlin or ctx.trtllm_moe or flashinfer_mxfp4)
+    fused_shared = (ctx.engine.fuses_shared_expert(model.model_type, experts, model.n_shared_experts, ctx.ep)
+                    and not (marlin or ctx.trtllm_moe or flashinfer_mxfp4))
     if fused_shared:  # the shared expert is one more expert of the fused MoE, which every token picks
         reached, top_k, routed = reached + 1, top_k + 1, (*routed, t)
     return [
@@ -397,14 +398,6 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
         *(() if fused_shared else _shared_experts(ctx)),
         *ctx.all_reduce("moe.all_reduce"),
     ]
-
-
-def _fuses_shared_expert(ctx: _Ctx) -> bool:
-    """Whether the engine runs the model's one shared expert inside the fused MoE (see
-    ``EngineKernels.fused_shared_expert_types``): the experts whole on every GPU (no expert parallelism)."""
-    model = ctx.model
-    return (model.model_type in ctx.engine.fused_shared_expert_types and model.n_shared_experts == 1
-            and model.num_experts == 256 and ctx.ep == 1)
 
 
 def _shared_experts(ctx: _Ctx) -> list[Op]:

@@ -389,11 +389,10 @@ def config_from_hf_dict(cfg: Mapping[str, Any], name: str, source: str) -> Model
             f"model {name!r} has model_type {model_type!r}; servesim supports {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     hybrid = model_type in _HYBRID_LINEAR_TYPES
-    llama4 = _llama4_fields(cfg, source) if model_type in _LLAMA4_TYPES else {}
-    if llama4:  # the generic keys of its MLP widths and MoE layers
-        cfg = {**cfg, "intermediate_size": cfg.get("intermediate_size_mlp"),
-               "moe_intermediate_size": cfg.get("intermediate_size"), "decoder_sparse_step": 1,
-               "mlp_only_layers": llama4.pop("dense_layers")}
+    llama4: dict[str, Any] = {}
+    if model_type in _LLAMA4_TYPES:
+        generic, llama4 = _llama4_fields(cfg, source)
+        cfg = {**cfg, **generic}
     if hybrid and cfg.get("intermediate_size") is None and cfg.get("moe_intermediate_size") is not None:
         cfg = {**cfg, "intermediate_size": cfg["moe_intermediate_size"]}  # Qwen3.5-MoE: every layer is MoE
     try:
@@ -550,11 +549,13 @@ def _qk_norm(cfg: Mapping[str, Any], model_type: str) -> str:
     return "layer" if cfg.get("qk_norm_type", "per_layer") == "per_layer" else "head"
 
 
-def _llama4_fields(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Llama 4's NoPE layers (``no_rope_layers``: 1 where a layer uses RoPE, else every ``no_rope_layer_interval``-th
-    layer, 4 by default, as transformers' ``Llama4TextConfig`` fills it in), the chunk its RoPE layers attend within,
-    its one shared expert, and the layers with a dense MLP (``dense_layers``): those not in ``moe_layers``, or not
-    every ``interleave_moe_layer_step``-th (vLLM: ``(layer + 1) % step == 0``; step 0: none is MoE)."""
+def _llama4_fields(cfg: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Llama 4 config as (the generic keys its MLPs read as, its own fields). The generic keys: the dense layers'
+    width (``intermediate_size_mlp``), the experts' (``intermediate_size``), and the layers with a dense MLP: those
+    not in ``moe_layers``, or not every ``interleave_moe_layer_step``-th (vLLM: ``(layer + 1) % step == 0``; step 0:
+    none is MoE). Its fields: the NoPE layers (``no_rope_layers``: 1 where a layer uses RoPE, else every
+    ``no_rope_layer_interval``-th layer, 4 by default, as transformers' ``Llama4TextConfig`` fills it in), the chunk
+    its RoPE layers attend within and its one shared expert."""
     layers = _count(cfg.get("num_hidden_layers"), "num_hidden_layers", source)
     rope = cfg.get("no_rope_layers")
     if rope:
@@ -573,10 +574,13 @@ def _llama4_fields(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
                                 f"number of at least 0")
         moe = [i for i in range(layers) if step and (i + 1) % step == 0]
     chunk = cfg.get("attention_chunk_size")
-    return {"nope_layer_indices": nope,
-            "attention_chunk_size": _count(chunk, "attention_chunk_size", source) if chunk is not None else 0,
-            "n_shared_experts": 1 if moe else 0,
-            "dense_layers": [i for i in range(layers) if i not in set(moe)]}
+    moe = set(moe)
+    generic = {"intermediate_size": _count(cfg.get("intermediate_size_mlp"), "intermediate_size_mlp", source),
+               "moe_intermediate_size": cfg.get("intermediate_size"), "decoder_sparse_step": 1,
+               "mlp_only_layers": [i for i in range(layers) if i not in moe]}
+    return generic, {"nope_layer_indices": nope,
+                     "attention_chunk_size": _count(chunk, "attention_chunk_size", source) if chunk is not None else 0,
+                     "n_shared_experts": 1 if moe else 0}
 
 
 def _sliding_layers(cfg: Mapping[str, Any], layers: int, source: str) -> tuple[tuple[int, ...], int]:

@@ -145,14 +145,15 @@ def test_minimax_vllm_0_19_runs_replay_the_trtllm_moe_that_release_picked(rows: 
     assert by_version["0.19"] == {"flashinfer-trtllm"} and by_version["0.17"] == {"auto"}
 
 
-def test_inferencex_vllm_rows_pay_the_api_server_for_their_random_token_prompts(rows: pd.DataFrame) -> None:
-    # Only InferenceX's vLLM runs carry the tokenising cost of its random-token prompt text; a release keeps none.
+def test_inferencex_rows_pay_the_api_server_for_their_random_token_prompts(rows: pd.DataFrame) -> None:
+    # InferenceX's runs, vLLM's and SGLang's, carry the tokenising cost of its random-token prompt text; the
+    # aiconfigurator collection's and a release keep none.
     cases, _ = silicon_cases(rows)
     costs: dict[tuple, set] = {}
     for c in cases:
         costs.setdefault((c.extra["protocol"], c.engine), set()).add(c.per_prompt_token_us)
-    assert costs[("InferenceX", "vllm")] == {6.0}
-    assert costs[("InferenceX", "sglang")] == costs[("aiconfigurator", "vllm")] == {None}
+    assert costs[("InferenceX", "vllm")] == costs[("InferenceX", "sglang")] == {6.0}
+    assert costs[("aiconfigurator", "vllm")] == costs[("aiconfigurator", "sglang")] == {None}
     llama = next(c for c in cases if c.engine == "vllm" and c.extra["protocol"] == "InferenceX")
     models = StepModels("roofline")
     assert models.get(llama).overhead.per_prompt_token_us == 6.0

@@ -77,15 +77,17 @@ class BenchmarkProtocol:
     per_prompt_token_us: float | None = None  # the API server's time per token of its prompt text (None: release's)
 
 
-#: vLLM's API server's time per prompt token of InferenceX's prompts, µs: its client (``benchmark_serving.py
-#: --dataset-name random``) sends text decoded from random token ids, which vLLM tokenises again, one request at a
-#: time. Its H100 runs show the cost: at 4 clients gpt-oss-120b's 8k-token prompts come 39 to 56 ms later than
-#: predicted at TP 2, 4 and 8 alike while the 1k-token ones match, a cost that does not shrink with the GPUs.
-#: Chosen on the H100 rows replayed as vLLM 0.15.1 (gpt-oss-120b, MiniMax-M2.5, Llama-3.1-70B) among 0, 3, 6 and
-#: 9 µs for the least TTFT plus TPOT MAPE (``tools/calibrate_overhead.py --estimator mlp --release vllm==0.15.1
-#: --gpu H100-SXM --term per_prompt_token_us --grid 0,3,6,9``, docs/validation-results.md). A release default
-#: would over-state it for prompts of ordinary text: the inference-perf runs of the same release, whose TTFT the
-#: request latency already fits, would gain 3.5 to 4.7 ms each.
+#: The API server's time per prompt token of InferenceX's prompts, µs: its client (``benchmark_serving.py
+#: --dataset-name random``) sends text decoded from random token ids, which the server tokenises again, one request
+#: at a time (vLLM's API server, SGLang's tokenizer manager). Its H100 vLLM runs show the cost: at 4 clients
+#: gpt-oss-120b's 8k-token prompts come 39 to 56 ms later than predicted at TP 2, 4 and 8 alike while the 1k-token
+#: ones match, a cost that does not shrink with the GPUs. Chosen on the H100 rows replayed as vLLM 0.15.1
+#: (gpt-oss-120b, MiniMax-M2.5, Llama-3.1-70B) among 0, 3, 6 and 9 µs for the least TTFT plus TPOT MAPE
+#: (``tools/calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --gpu H100-SXM --term per_prompt_token_us
+#: --grid 0,3,6,9``, docs/validation-results.md); the SGLang runs, which have no H100 rows, carry the same cost, as
+#: the work is the same Hugging Face tokeniser on the same text. A release default would over-state it for prompts
+#: of ordinary text: the inference-perf runs of vLLM 0.15.1, whose TTFT the request latency already fits, would gain
+#: 3.5 to 4.7 ms each.
 INFERENCEX_PROMPT_TOKEN_US = 6.0
 
 
@@ -355,7 +357,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         async_scheduling=protocol.async_scheduling, prefix_caching=prefix_caching,
         mxfp4_moe_backend=protocol.mxfp4_moe_backend,
         moe_backend=protocol.moe_backend if weights.startswith("fp8") else "auto",
-        per_prompt_token_us=protocol.per_prompt_token_us if str(row["backend"]) == "vllm" else None,
+        per_prompt_token_us=protocol.per_prompt_token_us,
         scheduler_recv_interval=recv_interval,
     )
 

@@ -188,9 +188,10 @@ def test_curve_smoothing_is_the_least_squares_isotonic_fit():
 
 
 def test_shipped_forests_match_the_table_and_a_refit() -> None:
-    """comm_forests.npz is stamped with the shipped table's digest and reproduces a fresh fit exactly (else rerun
-    tools/fit_comm_forests.py)."""
-    from servesim.comm.model import FORESTS_FILE, MODEL_VERSION, default_model
+    """comm_forests.npz is stamped with the shipped table's digest and predicts every training row as a fresh fit
+    does (else rerun tools/fit_comm_forests.py). The trees themselves are compared only there: numpy's logarithms
+    may differ in the last bit between CPUs, which moves a few split points and the predictions between rows."""
+    from servesim.comm.model import FORESTS_FILE, MODEL_VERSION, default_model, training_arrays
     from servesim.training.comm_forest import fit_model
 
     table = load_table()
@@ -198,9 +199,9 @@ def test_shipped_forests_match_the_table_and_a_refit() -> None:
         assert (str(data["digest"]), str(data["model_version"])) == (table.digest, MODEL_VERSION)
     shipped, refit = default_model(), fit_model(table)
     assert shipped.forests.keys() == refit.forests.keys()
-    for harness, forest in refit.forests.items():
-        fitted, loaded = forest.arrays(), shipped.forests[harness].arrays()
-        assert all(np.array_equal(fitted[name], loaded[name]) for name in fitted), harness
+    for harness, (features, _) in training_arrays(table).items():
+        np.testing.assert_allclose(shipped.forests[harness].predict(features), refit.forests[harness].predict(features),
+                                   rtol=0, atol=1e-12, err_msg=harness)
 
 
 def test_stale_forests_are_an_error_naming_the_tool(tmp_path) -> None:

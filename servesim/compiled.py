@@ -8,9 +8,9 @@ others add element after element as ``np.bincount`` and ``np.add.accumulate`` do
 predicted from them, do not depend on which of the two computed them.
 
 Compiled code is cached on disk beside the package (numba's ``cache=True``; or under ``NUMBA_CACHE_DIR``), so only
-the first run after an install compiles. That run takes tens of seconds longer (docs/performance.md), so when the
-cache is cold and stderr is a terminal, one line on stderr says so (:func:`announce_if_cold`). On a warm run that
-costs two ``stat`` calls.
+the first run after an install compiles (servesim/precompile.py, on every core). That run takes seconds longer
+(docs/performance.md), so when the cache is cold and stderr is a terminal, one line on stderr says so
+(:func:`announce_if_cold`). On a warm run that costs the read of one small index file.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from numba.core import event as _numba_event
 
 #: The line shown before the loops compile. The time is what a first run took on 2 cores.
-COMPILE_NOTICE = "servesim: compiling its inner loops for this machine (first run only, ~30-80 s on 2 cores)..."
+COMPILE_NOTICE = "servesim: compiling its inner loops for this machine (first run only, ~10 s on 2 cores)..."
 #: Internal switch, for tests: ``1`` shows the notice even when stderr is not a terminal, ``0`` never shows it.
 #: Unset, the notice shows only when stderr is a terminal.
 _NOTICE_ENV = "SERVESIM_COMPILE_NOTICE"
@@ -60,13 +60,13 @@ def _announce() -> None:
 
 
 def cache_is_cold() -> bool:
-    """Whether the loops of this module are missing from the disk cache or older than their source: one or two
-    ``stat`` calls. A new install, a new ``NUMBA_CACHE_DIR`` or an upgrade leaves every module's loops cold at
-    once, so this module stands for all of them (a stale loop elsewhere is caught by :class:`_CompileListener`)."""
+    """Whether the loops of this module are missing from the disk cache or cached for another version of their
+    source (numba stamps a cache with a hash of the source file): a read of a small index file. A new install, a
+    new ``NUMBA_CACHE_DIR`` or an upgrade leaves every module's loops cold at once, so this module stands for all
+    of them (a stale loop elsewhere is caught by :class:`_CompileListener`)."""
     try:
-        index = pairwise_sum._cache._cache_file._index_path
-        return os.stat(index).st_mtime < os.stat(__file__).st_mtime
-    except (AttributeError, OSError):
+        return not pairwise_sum._cache._cache_file._load_index()
+    except (AttributeError, OSError, EOFError, ValueError):
         return True
 
 
@@ -170,6 +170,34 @@ def pairwise_sum(values: np.ndarray, start: int, count: int) -> float:
     return 0.0 + sums[0]  # numpy's reduction starts from 0.0, which turns a -0.0 sum into 0.0
 
 
+@jit
+def stable_argsort(values: np.ndarray, descending: bool) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` (of ``-values`` when ``descending``) for values without NaN: indices by
+    value, equal values in index order, which is the one order a stable sort gives. A bottom-up merge sort, written
+    out because numba's own ``argsort`` takes seconds to compile on a first run."""
+    n = len(values)
+    order = np.arange(n)
+    spare = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        for start in range(0, n, 2 * width):
+            middle, end = min(start + width, n), min(start + 2 * width, n)
+            left, right = start, middle
+            for out in range(start, end):
+                # The right run's head goes first only when strictly before the left's: ties keep index order.
+                if right < end and (left == middle or (values[order[right]] > values[order[left]] if descending
+                                                       else values[order[right]] < values[order[left]])):
+                    spare[out] = order[right]
+                    right += 1
+                else:
+                    spare[out] = order[left]
+                    left += 1
+        order, spare = spare, order
+        width *= 2
+    return order
+
+
 announce_if_cold()
 
-__all__ = ["COMPILE_NOTICE", "announce_if_cold", "binary_ufunc", "cache_is_cold", "jit", "pairwise_sum"]
+__all__ = ["COMPILE_NOTICE", "announce_if_cold", "binary_ufunc", "cache_is_cold", "jit", "pairwise_sum",
+           "stable_argsort"]

@@ -1,10 +1,11 @@
-"""The compiled loops sum as numpy does, so features do not depend on which of the two computed them."""
+"""The compiled loops sum and sort as numpy does, so features and schedules do not depend on which of the two
+computed them."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.compiled import pairwise_sum
+from servesim.compiled import pairwise_sum, stable_argsort
 
 
 @settings(max_examples=200, deadline=None)
@@ -29,3 +30,13 @@ def test_pairwise_sum_of_nothing_or_negative_zeros_is_positive_zero():
     for values in (np.zeros(0), np.array([-0.0]), np.full(9, -0.0), np.full(200, -0.0)):
         total = pairwise_sum(values, 0, len(values))
         assert total == 0.0 and not np.signbit(total)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.5, 3.0, 1e9]) | st.floats(-1e6, 1e6), max_size=300),
+       st.booleans())
+def test_stable_argsort_is_numpys_stable_argsort(values, descending):
+    # Many ties (and zeros of both signs): a stable sort keeps equal values in index order, as numpy's does.
+    array = np.array(values, dtype=np.float64)
+    expected = np.argsort(-array if descending else array, kind="stable")
+    assert np.array_equal(stable_argsort(array, descending), expected)

@@ -214,7 +214,7 @@ def task_set(
     useful = _by_pipe(demand, block)
     timed = useful if issued is None else _by_pipe(issued, block)
     spread = cold_dram_bytes is not None
-    every, duration = task_arrays(useful, timed, rates, repeats, cold_dram_bytes if spread else 0.0, spread)
+    every, duration = task_arrays(useful, timed, rates, repeats, float(cold_dram_bytes) if spread else 0.0, spread)
     return TaskSet(dim_names, tuple(dims), every, duration, repeats, repeat_dim)
 
 
@@ -225,15 +225,21 @@ def task_arrays(useful: np.ndarray, timed: np.ndarray, rates: np.ndarray, repeat
     with ``spread`` the DRAM rows of it and of ``timed`` (changed in place) set to their L2 rows times
     :func:`dram_fraction` of ``cold_dram_bytes`` over every repeat's L2 demand, and each task's duration, its
     slowest pipe's ``timed`` cycles."""
+    # Element loops rather than slice assignments: numba compiles a slice assignment's shape-mismatch error path
+    # (formatting the shapes) for seconds on a first run, for the same result.
     pipes, block = useful.shape
     every = np.empty((pipes, block * repeats))
-    for repeat in range(repeats):
-        every[:, repeat * block:(repeat + 1) * block] = useful
+    for pipe in range(pipes):
+        for repeat in range(repeats):
+            for task in range(block):
+                every[pipe, repeat * block + task] = useful[pipe, task]
     if spread:
         l2, dram = _PIPE_ROW_L2, _PIPE_ROW_DRAM
         share = dram_fraction(cold_dram_bytes, pairwise_sum(every[l2], 0, block * repeats))
-        every[dram] = every[l2] * share
-        timed[dram] = timed[l2] * share
+        for task in range(block * repeats):
+            every[dram, task] = every[l2, task] * share
+        for task in range(timed.shape[1]):
+            timed[dram, task] = timed[l2, task] * share
     duration = np.empty(block * repeats)
     for task in range(block):
         slowest = timed[0, task] / rates[0]

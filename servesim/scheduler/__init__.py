@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.compiled import jit
+from servesim.compiled import jit, stable_argsort
 from servesim.decompose.launch import MIN_HEAP, ROUND_ROBIN, STATIC_PERSISTENT, Launch, occupancy
 from servesim.hardware import GpuSpec
 
@@ -59,8 +59,13 @@ def _round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -
         return sm_of_task
     # Slot j is the j-th slot filled: slot round j // sm_count on SM j % sm_count, so that ordering slots that free
     # at once by j orders them by round, then SM.
-    later = duration_cycles[first:]
-    taken = _slots_taken(duration_cycles[:first], later[later != 0])
+    later = np.empty(n - first)
+    with_work = 0
+    for i in range(first, n):
+        if duration_cycles[i] != 0:
+            later[with_work] = duration_cycles[i]
+            with_work += 1
+    taken = _slots_taken(duration_cycles[:first], later[:with_work])
     # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
     # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free).
     with_work = 0
@@ -133,8 +138,10 @@ def _slots_taken_by_runs(first_cycles: np.ndarray, later_cycles: np.ndarray) -> 
     taken ones free ever later), and the queue and the slots not taken are merged back in order when the run
     ends: a run costs its tasks plus one pass over the slots."""
     slots = len(first_cycles)
-    sorted_slot = np.argsort(first_cycles, kind="mergesort")  # stable: equal free times by slot
-    sorted_free = first_cycles[sorted_slot]
+    sorted_slot = stable_argsort(first_cycles, False)  # stable: equal free times by slot
+    sorted_free = np.empty(slots)
+    for i in range(slots):
+        sorted_free[i] = first_cycles[sorted_slot[i]]
     queue_free, queue_slot = np.empty(slots), np.empty(slots, dtype=np.int64)  # a ring of refilled slots
     merged_free, merged_slot = np.empty(slots), np.empty(slots, dtype=np.int64)
     taken = np.empty(len(later_cycles) + 1, dtype=np.int64)
@@ -198,14 +205,16 @@ def min_heap(duration_cycles: np.ndarray, grid_ctas: int, repeats: int = 1) -> n
 @jit
 def _min_heap(duration_cycles: np.ndarray, grid_ctas: int, repeats: int) -> np.ndarray:
     order = _longest_first(duration_cycles, repeats)
-    durations = duration_cycles[order]
+    durations = np.empty(len(order))
     with_work = 0
-    for duration in durations:
-        with_work += duration != 0
+    for i in range(len(order)):
+        durations[i] = duration_cycles[order[i]]
+        with_work += durations[i] != 0
     # Every CTA is empty at first, so the first wave of tasks takes CTA i for task i (ties: lowest CTA).
     first = min(with_work, grid_ctas)
     loads = np.zeros(max(grid_ctas, 1))
-    loads[:first] = durations[:first]
+    for i in range(first):
+        loads[i] = durations[i]
     taken = _slots_taken(loads, durations[first:with_work])
     cta = np.empty(len(order), dtype=np.int64)
     for i in range(len(order)):
@@ -218,7 +227,7 @@ def _longest_first(duration_cycles: np.ndarray, repeats: int) -> np.ndarray:
     """Task indices by decreasing duration, ties in launch order (a stable sort). For ``repeats`` copies of one
     block the block is sorted alone: equal durations then come copy after copy, each copy's in block order."""
     block = len(duration_cycles) // repeats
-    block_order = np.argsort(-duration_cycles[:block], kind="mergesort")
+    block_order = stable_argsort(duration_cycles[:block], True)
     if repeats == 1:
         return block_order
     order = np.empty(len(duration_cycles), dtype=np.int64)

@@ -117,5 +117,9 @@ def check_estimator_name(name: str) -> str:
 
 
 def get_estimator(name: str) -> BoundedEstimator:
-    """A new estimator of ``name``, its predictions never below a kernel's physical lower bound."""
+    """A new estimator of ``name``, its predictions never below a kernel's physical lower bound. The compiled loops
+    its kernels go through are compiled first where their cache is cold, on every core (servesim/precompile.py)."""
+    from servesim.precompile import compile_cold_loops
+
+    compile_cold_loops()
     return bounded(ESTIMATORS[check_estimator_name(name)]())

@@ -72,8 +72,11 @@ def _signature(entry: EntryPoint) -> tuple:
 
 def _is_cold(entry: EntryPoint) -> bool:
     """Whether the loop is missing from the disk cache for its listed types and this machine, or cached for
-    another version of its source (numba's own lookup, without loading the code)."""
+    another version of its source (numba's own lookup, without loading the code). With numba's JIT disabled
+    (``NUMBA_DISABLE_JIT``) the loop is plain Python and nothing is cold."""
     dispatcher = _dispatcher(entry)
+    if not hasattr(dispatcher, "compile"):
+        return False
     try:
         cache = dispatcher._cache
         key = cache._index_key(_signature(entry), dispatcher.targetctx.codegen())

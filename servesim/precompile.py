@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -162,7 +163,7 @@ def compile_cold_loops(jobs: int | None = None) -> None:
         if not cold:
             return
         workers = jobs or os.cpu_count() or 1
-        if workers == 1 or len(cold) == 1 or "fork" not in _start_methods():
+        if workers == 1 or len(cold) == 1 or not _can_fork():
             compile_entry_points(cold)
         else:
             _compile_in_processes(balanced_shares(cold, workers))
@@ -171,10 +172,12 @@ def compile_cold_loops(jobs: int | None = None) -> None:
             lock.close()
 
 
-def _start_methods() -> list[str]:
+def _can_fork() -> bool:
+    """Whether worker processes can be forked safely: on Linux. macOS offers ``fork`` but a forked child of a
+    process that has started system frameworks may crash, and Windows has none; there the loops compile here."""
     import multiprocessing
 
-    return multiprocessing.get_all_start_methods()
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
 __all__ = ["ENTRY_POINTS", "EntryPoint", "balanced_shares", "cold_entry_points", "compile_cold_loops",

@@ -4,8 +4,8 @@ numba compiles a loop the first time Python calls it, one loop after another on 
 command on the 2-core development machine (docs/performance.md). Nothing but the order of calls makes that serial:
 each loop that Python calls (a loop called only from other loops compiles with its caller) can be compiled ahead
 of its first call for the argument types of its call sites, in its own process, and numba's disk cache hands the
-result to every later process. :func:`compile_cold_loops` does that for the loops whose cache is missing or older
-than their source, split over worker processes by their compile time; a file lock in the cache folder lets one
+result to every later process. :func:`compile_cold_loops` does that for the loops whose cache is missing or made
+from another version of their source, split over worker processes by their compile time; a file lock in the cache folder lets one
 process compile while the others (a plan's workers) wait for it. A loop called with types not listed here still
 compiles at its first call, as before, only not in parallel.
 """
@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+
 
 @dataclass(frozen=True)
 class EntryPoint:

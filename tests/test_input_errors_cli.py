@@ -147,7 +147,15 @@ def test_fp8_plan_marks_a_gpu_without_fp8_unsupported_and_keeps_the_others():
 def test_fp8_quick_plan_notes_the_unsupported_gpu():
     result = run("plan", "--model", "mixtral-8x7b", "--gpus", "H100,A100", "--dtype", "fp8", "--tp", "2", "--quick")
     assert result.exit_code == 0, result.output
-    assert "A100-SXM-80GB TP2 (unsupported)" in result.output and "H100-SXM" in result.output
+    assert "H100-SXM" in result.output
+    assert any(line.startswith("A100-SXM-80GB TP2") and "(unsupported)" in line for line in result.output.splitlines())
+
+
+def test_fp8_quick_plan_names_every_unsupported_layout_of_a_gpu_in_one_note():
+    result = run("plan", "--model", "llama3-8b", "--gpus", "H100,A100", "--dtype", "fp8", "--pp", "1", "--quick")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if "(unsupported)" in line]
+    assert len(notes) == 1 and notes[0].startswith("A100-SXM-80GB TP1, TP2, TP4, TP8 (unsupported): ")
 
 
 def test_fp8_plan_on_gpus_without_fp8_only_is_refused():

@@ -100,6 +100,15 @@ def _quick_row(est, dtype: str) -> dict:
     }
 
 
+def _unsupported_notes(unsupported: list[dict]) -> list[str]:
+    """One note per GPU and reason, naming its layouts the engine cannot run: a GPU without a format fails every
+    layout for the same reason."""
+    layouts: dict[tuple[str, str], list[str]] = {}
+    for u in unsupported:
+        layouts.setdefault((u["gpu"], u["reason"]), []).append(u["layout"])
+    return [f"{gpu} {', '.join(names)} (unsupported): {reason}" for (gpu, reason), names in layouts.items()]
+
+
 def _quick(request, kernel_estimator, input_len: int, output_len: int, output_format: str) -> None:
     """The analytical estimate per GPU and layout (no traffic simulated)."""
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
@@ -128,7 +137,7 @@ def _quick(request, kernel_estimator, input_len: int, output_len: int, output_fo
         "TTFT: one prompt alone. TPOT@1: one request decoding. TPOT@batch: the largest batch the KV cache holds "
         "(capped by max seqs). out tok/s/GPU: steady state at that batch, prefills included.",
         *(f"{r['gpu']} {r['layout']}: does not fit — {r['note']}" for r in misfits),
-        *(f"{u['gpu']} {u['layout']} (unsupported): {u['reason']}" for u in unsupported),
+        *_unsupported_notes(unsupported),
         *dict.fromkeys(f"{r['gpu']} price ${r['price_usd_per_gpu_hour']:.2f}/GPU-h as of {r['price_date']}"
                        for r in rows),
         *coverage_notes(coverages),

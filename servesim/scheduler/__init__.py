@@ -59,13 +59,13 @@ def _round_robin(duration_cycles: np.ndarray, sm_count: int, ctas_per_sm: int) -
         return sm_of_task
     # Slot j is the j-th slot filled: slot round j // sm_count on SM j % sm_count, so that ordering slots that free
     # at once by j orders them by round, then SM.
-    later = np.empty(n - first)
-    with_work = 0
+    later = np.empty(n - first)  # the later tasks with work, in order
+    kept = 0
     for i in range(first, n):
         if duration_cycles[i] != 0:
-            later[with_work] = duration_cycles[i]
-            with_work += 1
-    taken = _slots_taken(duration_cycles[:first], later[:with_work])
+            later[kept] = duration_cycles[i]
+            kept += 1
+    taken = _slots_taken(duration_cycles[:first], later[:kept])
     # An empty CTA (the blocks of a varlen grid past a short sequence) frees its slot again at once, leaving the
     # slots as they were: it lands on the slot the next CTA with work takes (after the last one, the first to free).
     with_work = 0

@@ -46,7 +46,7 @@ def _engine_options(func):
         click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline stages."),
         ep_option,
         engine_option,
-        click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8, fp8-block or mxfp4."),
+        click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8, fp8-block, mxfp4, int4 or nvfp4 (see servesim plan --help)."),
         estimator_option,
         click.option("--max-num-seqs", type=DIMENSION, default=None,
                      help="vLLM max_num_seqs / SGLang max_running_requests [default: the engine's]."),

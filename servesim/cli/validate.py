@@ -248,7 +248,7 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
                    "engine alone: its newest modelled release].")
 @click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel size [default: 1].")
 @click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: 1].")
-@click.option("--dtype", default=None, help="Weights: bf16, fp8, fp8-block or mxfp4 [default: bf16].")
+@click.option("--dtype", default=None, help="Weights: bf16, fp8, fp8-block, mxfp4, int4 or nvfp4 [default: bf16].")
 @click.option("--max-num-seqs", type=DIMENSION, default=None,
               help="The server's --max-num-seqs / --max-running-requests [default: the engine's].")
 @click.option("--max-num-batched-tokens", type=DIMENSION, default=None,

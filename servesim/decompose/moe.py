@@ -90,6 +90,8 @@ def _weight_notes(kernel: FusedMoE, gpu: GpuSpec) -> tuple[str, ...]:
     """What the launch says of weights stored in another dtype than the MMAs run in."""
     if not kernel.weight_dtype:
         return ()
+    if kernel.weight_dtype == "nvfp4":
+        return ("nvfp4 weights x activations quantised to NVFP4, FP4 MMAs",)
     if gpu.tensor_flops_per_sm_per_cycle.get("fp4", 0) > 0:
         return (f"{kernel.weight_dtype} weights x {kernel.dtype} activations, weight-only (BF16 MMAs)",)
     return (f"{kernel.weight_dtype} weights dequantised to {kernel.dtype} (emulated: {gpu.name} has no FP4 Tensor "

@@ -165,13 +165,15 @@ class EngineKernels:
 
     def moe_backend(self, architecture: str, model_type: str, weights: str, requested: str = "auto") -> str:
         """The MoE kernel BF16 and FP8 experts of ``model_type`` run on (``triton`` or ``flashinfer-trtllm``): the
-        engine's default (``auto``), or the one requested where it runs (:data:`MOE_BACKENDS`)."""
+        engine's default (``auto``), or the one requested where it runs (:data:`MOE_BACKENDS`). NVFP4 experts run on
+        FlashInfer's TRT-LLM FP4 MoE (servesim.kernels.expand.check_nvfp4 says where)."""
         if requested not in MOE_BACKENDS:
             raise ServesimError(f"unknown MoE backend {requested!r}; choose one of {', '.join(MOE_BACKENDS)}")
-        default = "flashinfer-trtllm" if self.runs_trtllm_moe(architecture, model_type, weights) else "triton"
+        trtllm = weights == "nvfp4" or self.runs_trtllm_moe(architecture, model_type, weights)
+        default = "flashinfer-trtllm" if trtllm else "triton"
         if requested in ("auto", default):
             return default
-        if weights in ("mxfp4", "int4"):
+        if weights in ("mxfp4", "int4", "nvfp4"):
             raise ServesimError(f"--moe-backend picks the kernel of BF16 and FP8 experts, not {weights} ones; drop "
                                 f"--moe-backend" + (" (--mxfp4-moe-backend picks MXFP4 experts' kernel)"
                                                     if weights == "mxfp4" else ""))

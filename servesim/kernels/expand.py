@@ -55,8 +55,16 @@ from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, va
 #: groups (Qwen3-FP8 / DeepSeek-style checkpoints); ``mxfp4`` a checkpoint whose MoE experts are MXFP4 and the rest
 #: BF16 (gpt-oss), the experts run weight-only (:class:`servesim.kernels.types.FusedMoE`); ``int4`` a checkpoint
 #: whose routed experts are INT4 with 16-bit activations and the rest BF16 (Kimi-K2.5's compressed-tensors
-#: ``pack-quantized``), the experts run on Marlin MoE (:class:`servesim.kernels.types.MarlinMoE`).
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block", "mxfp4", "int4")
+#: ``pack-quantized``), the experts run on Marlin MoE (:class:`servesim.kernels.types.MarlinMoE`); ``nvfp4`` a
+#: ModelOpt checkpoint whose routed experts are NVFP4 and the rest BF16 (NVIDIA's NVFP4 MiniMax-M2.5, Kimi-K2.5 and
+#: Qwen3.5), the experts run W4A4 on FlashInfer's TRT-LLM FP4 MoE (:class:`servesim.kernels.types.TrtllmMoE`).
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block", "mxfp4", "int4", "nvfp4")
+#: Model families (their text model's ``model_type``) whose NVIDIA ModelOpt NVFP4 checkpoints quantise the routed
+#: experts alone: their ``hf_quant_config.json`` (aiconfigurator-core's ``model_configs``:
+#: nvidia/MiniMax-M2.5-NVFP4, Kimi-K2.6-NVFP4, Qwen3.5-397B-A17B-NVFP4) excludes every attention projection, the
+#: shared experts, the dense first layers and the router from NVFP4, which keep BF16. NVIDIA's DeepSeek-V3/R1,
+#: GLM-5, Qwen3-235B and Llama NVFP4 checkpoints also quantise linear layers, whose FP4 GEMMs servesim does not model.
+NVFP4_EXPERTS_ONLY_FAMILIES = frozenset({"minimax_m2", "kimi_k2", "qwen3_5_moe_text"})
 #: The FP8 weight formats and the scale granularity of their linears.
 _FP8_SCALES = {"fp8": "tensor", "fp8-block": "block"}
 #: KV-cache formats, as the engines' ``--kv-cache-dtype``: ``auto`` stores K and V in the activation dtype, ``fp8``
@@ -363,6 +371,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     reached = reached_experts(t, top_k, experts, ctx.ep)
     marlin = ctx.weights == "int4" or (ctx.weights == "mxfp4" and ctx.mxfp4_moe == "marlin")
     flashinfer_mxfp4 = ctx.weights == "mxfp4" and ctx.mxfp4_moe.startswith("flashinfer")
+    nvfp4 = ctx.weights == "nvfp4"  # expand() made trtllm_moe True
     scale = _FP8_SCALES.get(ctx.weights, "")
     routed = balanced_routing(local_pairs(t, top_k, experts, ctx.ep), reached)
     fused_shared = (ctx.engine.fuses_shared_expert(model.model_type, experts, model.n_shared_experts, ctx.ep)
@@ -388,9 +397,10 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             hidden=model.hidden_size,
             intermediate=model.moe_intermediate_size // (ctx.tp // ctx.ep),
             expert_tokens=routed,
-            dtype="fp8" if scale or (flashinfer_mxfp4 and ctx.mxfp4_moe == "flashinfer-mxfp8") else ctx.act,
+            dtype=("fp4" if nvfp4 else "fp8" if scale or (flashinfer_mxfp4 and ctx.mxfp4_moe == "flashinfer-mxfp8")
+                   else ctx.act),
             scale=scale,
-            weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4") else "",
+            weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4", "nvfp4") else "",
             weight_group=model.int4_group_size if ctx.weights == "int4" else 0,
             name="experts",
             **({"global_experts": experts} if marlin and ctx.ep > 1 else {}),
@@ -889,6 +899,8 @@ def expand(
         )
     config.attention_backend(traits.architecture)  # fail early on an architecture the engine has no default for
     mxfp4_moe = config.mxfp4_moe_backend(traits.architecture, mxfp4_moe_backend)
+    if dtype == "nvfp4":
+        check_nvfp4(config.name, model, gpu, traits.architecture)
     trtllm_moe = config.moe_backend(traits.architecture, model.model_type, served_weights(model, dtype),
                                     moe_backend) == "flashinfer-trtllm"
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe, ep,
@@ -898,7 +910,8 @@ def expand(
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
     """Refuse a weight format the model's checkpoint cannot be served in: ``mxfp4`` is the format of checkpoints
     that ship MXFP4 experts (gpt-oss), which no engine makes of another checkpoint; ``int4`` likewise of a
-    compressed-tensors checkpoint with INT4 experts (Kimi-K2.5)."""
+    compressed-tensors checkpoint with INT4 experts (Kimi-K2.5); ``nvfp4`` is modelled for the families whose
+    NVIDIA NVFP4 checkpoints quantise the routed experts alone (:data:`NVFP4_EXPERTS_ONLY_FAMILIES`)."""
     if dtype == "int4" and not (model.checkpoint_quant == "compressed-tensors" and model.int4_group_size
                                 and model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
@@ -906,16 +919,45 @@ def check_weight_format(model: ModelConfig, dtype: str) -> None:
             f"{model.name} is not a checkpoint with INT4 experts (its config.json {declared}); --dtype int4 is the "
             f"format of compressed-tensors MoE checkpoints with 4-bit integer weights, such as Kimi-K2.5's; use "
             f"--dtype {_suggested_dtype(model)} or bf16")
+    if dtype == "nvfp4" and not (model.is_moe and model.model_type in NVFP4_EXPERTS_ONLY_FAMILIES):
+        raise ServesimError(
+            f"{model.name}: of NVFP4 checkpoints servesim models those whose NVFP4 weights are the routed experts "
+            f"alone (NVIDIA's MiniMax-M2.5, Kimi-K2.5 and Qwen3.5 ones); NVIDIA's NVFP4 checkpoints of other "
+            f"families also quantise linear layers, whose FP4 GEMMs are not modelled; use --dtype "
+            f"{_suggested_dtype(model)} or bf16")
     if dtype == "mxfp4" and (model.checkpoint_quant != "mxfp4" or not model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
         raise ServesimError(
             f"{model.name} is not an MXFP4 checkpoint (its config.json {declared}); of 4-bit weights servesim models "
-            f"only the MXFP4 experts gpt-oss ships (--dtype mxfp4) and compressed-tensors INT4 experts (--dtype "
-            f"int4), not NVFP4 or INT4 of other kinds; use --dtype {_suggested_dtype(model)} or bf16")
+            f"only the MXFP4 experts gpt-oss ships (--dtype mxfp4), compressed-tensors INT4 experts (--dtype int4) "
+            f"and NVFP4 experts (--dtype nvfp4), not INT4 of other kinds; use --dtype {_suggested_dtype(model)} or "
+            f"bf16")
+
+
+def check_nvfp4(engine: str, model: ModelConfig, gpu: GpuSpec, architecture: str) -> None:
+    """Refuse NVFP4 experts where the engine does not run them on FlashInfer's TRT-LLM FP4 MoE, the kernel servesim
+    models. vLLM 0.15.1 to 0.19 takes it first on compute capability 10.x (B200, B300, GB200, GB300) whatever the
+    router (``select_nvfp4_moe_backend``, ``fused_moe/oracle/nvfp4.py``: TRT-LLM, then CuteDSL, FlashInfer CUTLASS,
+    vLLM CUTLASS, Marlin); elsewhere it emulates NVFP4 with Marlin (weight-only). SGLang 0.5.9 and 0.5.10 switch
+    ``--moe-runner-backend auto`` to ``flashinfer_trtllm`` for the DeepSeek-architecture list (Kimi-K2.5 among them,
+    ``srt/server_args.py``), InferenceX launches Qwen3.5 with it, and MiniMax-M2 stays on SGLang's own CUTLASS FP4
+    MoE (``cutlass_moe_fp4``), which servesim does not model."""
+    if engine == "sglang" and model.model_type == "minimax_m2":
+        raise ServesimError(
+            f"SGLang runs {model.name}'s NVFP4 experts on its own CUTLASS FP4 MoE, which servesim does not model "
+            f"(it models FlashInfer's TRT-LLM FP4 MoE, which vLLM runs for them); use --engine vllm or another --dtype")
+    if architecture != "blackwell" or gpu.tensor_flops_per_sm_per_cycle.get("fp4", 0) <= 0:
+        raise ServesimError(
+            f"NVFP4 experts are modelled on FlashInfer's TRT-LLM FP4 MoE, which runs on Blackwell data-centre GPUs "
+            f"(compute capability 10.x: B200, B300, GB200, GB300), not on {gpu.name}, where the engines emulate "
+            f"NVFP4 (Marlin) or take another MoE kernel that servesim does not model; use one of those GPUs or "
+            f"another --dtype")
 
 
 def _suggested_dtype(model: ModelConfig) -> str:
     """The quantised ``--dtype`` that serves ``model``'s checkpoint as it ships."""
+    if model.checkpoint_quant == "nvfp4" and model.model_type in NVFP4_EXPERTS_ONLY_FAMILIES and model.is_moe:
+        return "nvfp4"
     if model.checkpoint_quant == "compressed-tensors" and model.int4_group_size and model.is_moe:
         return "int4"
     return "fp8-block" if model.checkpoint_quant == "fp8-block" else "fp8"

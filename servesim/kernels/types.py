@@ -21,10 +21,15 @@ from typing import ClassVar
 
 #: MXFP4 (OCP Microscaling v1.0): 4-bit E2M1 values with one 8-bit E8M0 scale per block of 32, 4.25 bits a weight.
 MXFP4_BITS_PER_WEIGHT = 4 + 8 / 32
+#: NVFP4 (NVIDIA ModelOpt): 4-bit E2M1 values with one 8-bit E4M3 scale per block of 16, 4.5 bits a weight (plus one
+#: FP32 scale per tensor).
+NVFP4_BITS_PER_WEIGHT = 4 + 8 / 16
 #: INT4 weights with one BF16 scale per group of 128 (GPTQ/AWQ checkpoints as Marlin runs them).
 INT4_BITS_PER_WEIGHT = 4 + 16 / 128
-#: Bytes per element of each dtype name used in this package.
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp4": MXFP4_BITS_PER_WEIGHT / 8,
+#: Bytes per element of each dtype name used in this package. ``fp4`` is an E2M1 operand of FP4 Tensor-core MMAs
+#: (NVFP4 activations, their block scales counted apart).
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5,
+                                 "mxfp4": MXFP4_BITS_PER_WEIGHT / 8, "nvfp4": NVFP4_BITS_PER_WEIGHT / 8,
                                  "int4": INT4_BITS_PER_WEIGHT / 8, "int32": 4, "int64": 8}
 
 #: The scale granularities of an FP8 scaled matrix multiply (see :class:`ScaledMM`) and the libraries that run
@@ -508,7 +513,8 @@ class FusedMoE(Kernel):
     ``weight_dtype`` (empty: ``dtype``) is how the expert weights are stored when it differs from the dtype the
     Tensor cores multiply in: ``mxfp4`` experts (gpt-oss) run weight-only, each tile dequantised to BF16 in the
     kernel and multiplied in BF16 (vLLM's MXFP4 MoE methods on Ampere and Hopper, and its default MXFP4 x BF16 one
-    on Blackwell).
+    on Blackwell); ``nvfp4`` experts multiply activations quantised to NVFP4 (``dtype`` ``fp4``) on FP4 Tensor
+    cores (:class:`TrtllmMoE`).
     """
 
     category: ClassVar[str] = "moe"
@@ -599,16 +605,19 @@ class TrtllmMoE(FusedMoE):
     Blackwell (compute capability 10.x) for the DeepSeek, GLM, Kimi and Qwen3-MoE/Qwen3.5 families
     (``--moe-runner-backend flashinfer_trtllm``, the default 0.5.9 and 0.5.10 pick for them in
     ``srt/server_args.py``), and both engines run on Blackwell for MXFP4 experts (gpt-oss: ``weight_dtype`` mxfp4,
-    activations BF16, or FP8 for vLLM's MXFP4 x MXFP8 path). One launch sorts, runs both grouped GEMMs with its own
-    tiles and sums the top-k choices; servesim lays out its work as the Triton path's grouped GEMMs and learns the
-    kernel's efficiency from its measured rows (its own category)."""
+    activations BF16, or FP8 for vLLM's MXFP4 x MXFP8 path) and NVFP4 experts (``weight_dtype`` nvfp4, activations
+    quantised to NVFP4: ``dtype`` fp4). One launch sorts, runs both grouped GEMMs with its own tiles and sums the
+    top-k choices; servesim lays out its work as the Triton path's grouped GEMMs and learns the kernel's efficiency
+    from its measured rows (its own category)."""
 
     category: ClassVar[str] = "moe_trtllm"
 
     def __post_init__(self) -> None:
-        if self.weight_dtype not in ("", "mxfp4"):
-            raise ValueError(f"the TRT-LLM fused MoE is modelled for FP8, BF16 and MXFP4 experts, not "
+        if self.weight_dtype not in ("", "mxfp4", "nvfp4"):
+            raise ValueError(f"the TRT-LLM fused MoE is modelled for FP8, BF16, MXFP4 and NVFP4 experts, not "
                              f"{self.weight_dtype!r}")
+        if (self.weight_dtype == "nvfp4") != (self.dtype == "fp4"):
+            raise ValueError("NVFP4 experts multiply NVFP4 activations: weight_dtype nvfp4 goes with dtype fp4")
 
     def shape(self) -> str:
         return f"{super().shape()} trtllm"

@@ -617,10 +617,13 @@ def int4_group_size(quantization_config: Any) -> int:
 
 def checkpoint_quant(quantization_config: Any) -> str:
     """The weight format a ``quantization_config`` declares: ``""`` none, ``fp8`` (per-tensor scales),
-    ``fp8-block`` (``weight_block_size`` given), ``mxfp4``, else the ``quant_method`` itself."""
+    ``fp8-block`` (``weight_block_size`` given), ``mxfp4``, ``nvfp4`` (NVIDIA ModelOpt's ``quant_algo`` NVFP4), else
+    the ``quant_method`` itself."""
     if not isinstance(quantization_config, Mapping):
         return ""
     method = str(quantization_config.get("quant_method", ""))
     if method == "fp8" and quantization_config.get("weight_block_size"):
         return "fp8-block"
+    if method == "modelopt" and quantization_config.get("quant_algo") == "NVFP4":
+        return "nvfp4"
     return method

@@ -27,10 +27,11 @@ STORAGE_DTYPES = ("bf16", "fp16", "fp8")
 #: Weight formats -> (dtype of the attention and dense-MLP linears, dtype of the routed experts). Norms, biases,
 #: embeddings and the LM head stay 16-bit in all of them; the router too, unless the model keeps it in FP32.
 #: gpt-oss's MXFP4 checkpoint quantises the experts alone (its ``modules_to_not_convert``: attention, router,
-#: embeddings, LM head).
+#: embeddings, LM head), as do the NVFP4 checkpoints servesim models (servesim.kernels.expand
+#: ``NVFP4_EXPERTS_ONLY_FAMILIES``: shared experts and dense layers stay BF16 too).
 WEIGHT_FORMATS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "bf16"), "fp16": ("fp16", "fp16"), "fp8": ("fp8", "fp8"), "mxfp4": ("bf16", "mxfp4"),
-    "int4": ("bf16", "int4"),
+    "int4": ("bf16", "int4"), "nvfp4": ("bf16", "nvfp4"),
 }
 
 GIB = 2**30

@@ -90,6 +90,10 @@ class Deployment:
     def launch_command(self) -> str:
         """The server command whose flags this deployment's prediction assumed."""
         quant = ["--quantization fp8"] if self.dtype == "fp8" else []  # fp8-block checkpoints come quantised
+        source = self.model.source
+        if self.dtype == "nvfp4":
+            quant = list(self.engine.nvfp4_flags)
+            source = source if self.model.checkpoint_quant == "nvfp4" else nvfp4_checkpoint(source)
         forced_marlin = (self.dtype == "mxfp4" and self.mxfp4_moe_backend == "marlin"
                          and self.engine.kernels.mxfp4_moe_backend(self.gpu.architecture) != "marlin")
         env = ["VLLM_MXFP4_USE_MARLIN=1"] if forced_marlin else []
@@ -97,9 +101,15 @@ class Deployment:
             env.append("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1")
         moe_env, moe_flags = (self.engine.moe_backend_launch(self.settings.moe_backend) if self.model.is_moe
                               else ((), ()))
-        return " ".join([*env, *moe_env, *self.engine.launch_head(self.model.source, self.par), *quant,
+        return " ".join([*env, *moe_env, *self.engine.launch_head(source, self.par), *quant,
                          *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par)),
                          *moe_flags])
+
+
+def nvfp4_checkpoint(source: str) -> str:
+    """NVIDIA's NVFP4 checkpoint of the model at ``source`` (a hub id or a path): ``nvidia/<name>-NVFP4``, as
+    nvidia/MiniMax-M2.5-NVFP4, nvidia/Kimi-K2.5-NVFP4 and nvidia/Qwen3.5-397B-A17B-NVFP4 are named."""
+    return f"nvidia/{source.rstrip('/').split('/')[-1]}-NVFP4"
 
 
 def build_deployment(

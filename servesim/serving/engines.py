@@ -155,6 +155,10 @@ class Engine:
         """The environment and server flags of a requested MoE kernel (none for ``auto``)."""
         return self.moe_backend_flags.get(moe_backend, ((), ()))
 
+    #: Server flags that serve an NVFP4 checkpoint on FlashInfer's TRT-LLM FP4 MoE (vLLM reads the format from the
+    #: checkpoint and takes that kernel by itself).
+    nvfp4_flags: ClassVar[tuple[str, ...]] = ()
+
     def launch_flags(self, settings: EngineSettings, default_async: bool) -> list[str]:
         """The server flags whose values the prediction assumed; ``default_async``: whether the engine schedules
         asynchronously by itself for this release and layout."""
@@ -219,6 +223,8 @@ class Sglang(Engine):
     async_flag = ""  # the overlap scheduler is on unless disabled
     moe_backend_flags = {"triton": ((), ("--moe-runner-backend triton",)),
                          "flashinfer-trtllm": ((), ("--moe-runner-backend flashinfer_trtllm",))}
+    # As InferenceX launches NVFP4 checkpoints (benchmarks/single_node/fixed_seq_len/qwen3.5_fp4_b200.sh)
+    nvfp4_flags = ("--quantization modelopt_fp4", "--moe-runner-backend flashinfer_trtllm")
 
     def expert_parallel_flags(self, par: Parallelism) -> list[str]:
         """``--ep-size`` splits the TP group into EP subgroups: an expert's width over ``tp / ep`` GPUs

@@ -478,23 +478,24 @@ def _local_experts(frame: pd.DataFrame) -> list[dict[str, object]]:
     return shapes
 
 
-#: An MXFP4 MoE row's precision (servesim.data.aiconfigurator ``dtype``) -> (activation dtype, weight dtype).
-_MXFP4_ROW_DTYPES = {"mxfp4": ("bf16", "mxfp4"), "mxfp4_mxfp8": ("fp8", "mxfp4")}
+#: A 4-bit MoE row's precision (servesim.data.aiconfigurator ``dtype``) -> (activation dtype, weight dtype): MXFP4
+#: experts with BF16 or MXFP8 activations, NVFP4 experts with NVFP4 activations.
+_FP4_ROW_DTYPES = {"mxfp4": ("bf16", "mxfp4"), "mxfp4_mxfp8": ("fp8", "mxfp4"), "nvfp4": ("fp4", "nvfp4")}
 
 
 def _moe_kernels(frame: pd.DataFrame, kernel_class: type[FusedMoE] = FusedMoE) -> list[Kernel]:
-    """Each row's routed experts; MXFP4 experts keep their format in ``weight_dtype`` and multiply BF16 or (MXFP8)
-    FP8 activations, their block scales inside the kernel."""
+    """Each row's routed experts; 4-bit experts keep their format in ``weight_dtype`` and multiply BF16, FP8
+    (MXFP8) or FP4 (NVFP4) activations, their block scales inside the kernel."""
     kernels: list[Kernel] = []
     for shape, dtype, scaling in zip(_local_experts(frame), frame["dtype"], frame["scaling"]):
-        act, weights = _MXFP4_ROW_DTYPES.get(str(dtype), (str(dtype), ""))
+        act, weights = _FP4_ROW_DTYPES.get(str(dtype), (str(dtype), ""))
         scale = "" if weights or scaling == "none" else str(scaling)
         kernels.append(kernel_class(**shape, dtype=act, scale=scale, weight_dtype=weights))
     return kernels
 
 
-#: FlashInfer's TensorRT-LLM fused MoE as each engine's collector names it (FP8 block and per-tensor, BF16, and
-#: MXFP4 experts with BF16 or MXFP8 activations).
+#: FlashInfer's TensorRT-LLM fused MoE as each engine's collector names it (FP8 block and per-tensor, BF16, MXFP4
+#: experts with BF16 or MXFP8 activations, and NVFP4 experts).
 TRTLLM_MOE_SOURCES = frozenset({
     "sglang_flashinfer_trtllm_moe", "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular",
     "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic",
@@ -502,12 +503,14 @@ TRTLLM_MOE_SOURCES = frozenset({
     "vllm_unquantizedfusedmoe_flashinfer_trtllm_trtllmbf16experts",
     "vllm_gptossmxfp4moe_flashinfer_trtllm_mxfp4_bf16_trtllmmxfp4expertsmonolithic",
     "vllm_mxfp4moe_flashinfer_trtllm_mxfp4_mxfp8_trtllmmxfp4expertsmodular",
+    "vllm_compressedtensorsw4a4nvfp4moe_flashinfer_trtllm_trtllmnvfp4expertsmonolithic",
+    "vllm_compressedtensorsw4a4nvfp4moe_flashinfer_trtllm_trtllmnvfp4expertsmodular",
 })
 
 def _read_trtllm_moe(options: DataOptions) -> pd.DataFrame:
     from servesim.data.aiconfigurator import load_moe
 
-    return load_moe(dtypes=("bf16", "fp8", *_MXFP4_ROW_DTYPES))
+    return load_moe(dtypes=("bf16", "fp8", *_FP4_ROW_DTYPES))
 
 
 def _prepare_trtllm_moe(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:

@@ -37,11 +37,14 @@ SILICON_ENGINES = tuple(ENGINES)
 BAR_PRESETS = ("llama3.1-8b", "llama3.1-70b", "qwen3-32b")
 
 #: silicon_sample ``gemm_quant`` -> servesim weight format; a missing value is an unquantised BF16 checkpoint. The file
-#: labels gpt-oss's MXFP4 checkpoint ``nvfp4`` (its Hopper runs too, which have no FP4 Tensor cores); other models'
-#: ``nvfp4`` rows are NVFP4 checkpoints, which the expansion refuses as not MXFP4, and are reported skipped.
+#: labels gpt-oss's MXFP4 checkpoint ``nvfp4`` (its Hopper runs too, which have no FP4 Tensor cores, see
+#: :data:`MXFP4_CHECKPOINTS`); other models' ``nvfp4`` rows are NVIDIA's NVFP4 checkpoints, replayed where servesim
+#: models the checkpoint (NVFP4 routed experts alone) and reported skipped with the expansion's reason elsewhere.
 #: ``int4_wo`` is Kimi-K2.5's checkpoint of INT4 weight-only experts (servesim's ``int4``).
-_GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block", "nvfp4": "mxfp4",
+_GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block", "nvfp4": "nvfp4",
                       "int4_wo": "int4"}
+#: Models whose ``nvfp4`` rows ran an MXFP4 checkpoint: gpt-oss ships its experts in MXFP4 only.
+MXFP4_CHECKPOINTS = frozenset({"openai/gpt-oss-120b", "openai/gpt-oss-20b"})
 #: Models whose ``fp8`` rows ran a block-scaled FP8 checkpoint that servesim's preset (the BF16 release's config)
 #: does not declare: InferenceX serves ``Qwen/Qwen3.5-397B-A17B-FP8`` (``.github/configs/nvidia-master.yaml``), and
 #: aiconfigurator's vLLM rows of ``Qwen/Qwen3-235B-A22B-FP8`` name that checkpoint (its SGLang rows say
@@ -53,6 +56,8 @@ FP8_BLOCK_CHECKPOINTS = frozenset({"Qwen/Qwen3.5-397B-A17B", "Qwen/Qwen3-235B-A2
 def _weight_format(model_id: str, quant: str) -> str:
     """servesim's ``--dtype`` for a row's ``gemm_quant``."""
     dtype = _GEMM_QUANT_DTYPES[quant]
+    if dtype == "nvfp4" and model_id in MXFP4_CHECKPOINTS:
+        return "mxfp4"
     return "fp8-block" if dtype == "fp8" and model_id in FP8_BLOCK_CHECKPOINTS else dtype
 
 

@@ -1,0 +1,124 @@
+"""NVFP4 experts (``--dtype nvfp4``): which checkpoints and GPUs run them, what they launch, what they weigh, how they
+are timed and how the measured rows labelled ``nvfp4`` are replayed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from servesim.cli import main
+from servesim.errors import ServesimError
+from servesim.estimator import get_estimator
+from servesim.hardware import get_gpu
+from servesim.kernels.batch import BatchSpec
+from servesim.kernels.expand import expand
+from servesim.kernels.types import FusedMoE, Gemm, ScaledMM, TrtllmMoE
+from servesim.models import get_model
+from servesim.models.config import checkpoint_quant
+from servesim.models.memory import weight_bytes_per_gpu
+from servesim.models.parallel import Parallelism
+from servesim.training.datasets import collector_routing
+
+
+def _ops(engine: str, model: str, gpu: str = "B200", tp: int = 4, dtype: str = "nvfp4"):
+    step = expand(engine, get_model(model), get_gpu(gpu), BatchSpec(decodes=(1024,) * 8), tp, dtype=dtype)
+    return [op for run in step.runs for op in run.ops]
+
+
+@pytest.mark.parametrize(("engine", "model"), [("vllm", "minimax-m2.5"), ("vllm", "kimi-k2.5"),
+                                               ("vllm", "qwen3.5-397b-a17b"), ("sglang", "kimi-k2.5"),
+                                               ("sglang", "qwen3.5-397b-a17b")])
+def test_nvfp4_experts_run_w4a4_on_the_trtllm_moe_and_the_rest_stays_bf16(engine, model) -> None:
+    ops = _ops(engine, model, tp=8)
+    (experts,) = {op for op in ops if isinstance(op, FusedMoE)}
+    assert isinstance(experts, TrtllmMoE)
+    assert (experts.dtype, experts.weight_dtype) == ("fp4", "nvfp4")
+    assert experts.weight_element_bytes == 4.5 / 8  # E2M1 values and one E4M3 scale per 16
+    # NVIDIA's checkpoints keep attention, shared experts and dense layers out of NVFP4: no scaled MM anywhere
+    assert not [op for op in ops if isinstance(op, ScaledMM)]
+    assert all(op.dtype == "bf16" for op in ops if isinstance(op, Gemm))
+
+
+def test_nvfp4_experts_weigh_4_5_bits_and_the_rest_16() -> None:
+    model = get_model("minimax-m2.5")
+    par = Parallelism(4, 1)
+    bf16, nvfp4 = (weight_bytes_per_gpu(model, par, 0, dtype) for dtype in ("bf16", "nvfp4"))
+    experts = model.num_layers * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size / 4
+    assert bf16 - nvfp4 == pytest.approx(experts * (2 - 4.5 / 8), rel=1e-9)
+
+
+def test_nvfp4_trtllm_moe_is_timed_near_its_measured_layer() -> None:
+    # aiconfigurator's B200 table (SGLang 0.5.14, sglang_flashinfer_trtllm_moe, NVFP4, balanced routing):
+    # MiniMax-M2.5's routed experts (256 x 3072 x 1536, top 8) at 4 tokens with MoE TP 4 take 26.0 us, at 1,024
+    # tokens on one GPU 360.9 us.
+    estimator, gpu = get_estimator("mlp"), get_gpu("B200")
+    for tokens, moe_tp, measured_us in ((4, 4, 26.0), (1024, 1, 360.9)):
+        routing = collector_routing(tokens, 256, 8, 256)
+        layer = TrtllmMoE(tokens=tokens, num_experts=256, top_k=8, hidden=3072, intermediate=1536 // moe_tp,
+                          expert_tokens=tuple(int(n) for n in routing), dtype="fp4", weight_dtype="nvfp4")
+        predicted_us = estimator.predict_us([layer], gpu)[0]
+        assert measured_us / 1.35 <= predicted_us <= measured_us * 1.35, (tokens, predicted_us)
+
+
+def test_nvfp4_is_refused_off_blackwell_data_centre_gpus_and_for_other_families() -> None:
+    with pytest.raises(ServesimError, match="compute capability 10.x"):
+        _ops("vllm", "minimax-m2.5", gpu="H200")
+    with pytest.raises(ServesimError, match="CUTLASS FP4 MoE"):  # SGLang keeps MiniMax-M2 off TRT-LLM
+        _ops("sglang", "minimax-m2.5")
+    with pytest.raises(ServesimError, match="FP4 GEMMs are not modelled"):
+        _ops("sglang", "deepseek-r1", tp=8)
+    with pytest.raises(ServesimError, match="FP4 GEMMs are not modelled"):
+        _ops("vllm", "llama3.1-70b")
+    with pytest.raises(ServesimError, match="not nvfp4 ones"):
+        expand("vllm", get_model("minimax-m2.5"), get_gpu("B200"), BatchSpec(decodes=(1,)), 4, dtype="nvfp4",
+               moe_backend="triton")
+
+
+def test_the_cli_says_why_in_one_line_and_the_suggested_dtype_runs() -> None:
+    args = ["latency", "--model", "deepseek-r1", "--gpu", "B200", "--tp", "8", "--batch-size", "1", "--input-len",
+            "64", "--output-len", "2"]
+    refused = CliRunner().invoke(main, [*args, "--dtype", "nvfp4"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    (line,) = refused.output.strip().splitlines()
+    suggested = line.split("use --dtype ")[1].split()[0]
+    assert CliRunner().invoke(main, [*args, "--dtype", suggested]).exit_code == 0
+
+
+def test_a_plan_marks_gpus_without_native_nvfp4_unsupported_and_plans_the_others() -> None:
+    result = CliRunner().invoke(main, ["plan", "--model", "minimax-m2.5", "--gpus", "H200,B200", "--tp", "4",
+                                       "--dtype", "nvfp4", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    unsupported = payload["unsupported"]
+    assert unsupported and all(u["gpu"] == "H200" and "compute capability 10.x" in u["reason"] for u in unsupported)
+    assert payload["options"] and {option["gpu"] for option in payload["options"]} == {"B200"}
+
+
+def test_a_modelopt_nvfp4_config_declares_nvfp4() -> None:
+    config = {"quant_method": "modelopt", "quant_algo": "NVFP4", "config_groups": {}}
+    assert checkpoint_quant(config) == "nvfp4"
+    assert checkpoint_quant({"quant_method": "modelopt", "quant_algo": "FP8"}) == "modelopt"
+
+
+def test_measured_nvfp4_rows_replay_as_nvfp4_gpt_oss_ones_as_mxfp4() -> None:
+    from servesim.validate.silicon import _weight_format
+
+    assert _weight_format("MiniMaxAI/MiniMax-M2.5", "nvfp4") == "nvfp4"
+    assert _weight_format("moonshotai/Kimi-K2.5", "nvfp4") == "nvfp4"
+    assert _weight_format("openai/gpt-oss-120b", "nvfp4") == "mxfp4"
+
+
+def test_the_launch_command_serves_nvidias_nvfp4_checkpoint() -> None:
+    from servesim.serving.deployment import build_deployment
+
+    def command(engine: str, model: str) -> str:
+        return build_deployment(get_model(model), get_gpu("B200"), Parallelism(8, 1), engine,
+                                dtype="nvfp4").launch_command()
+
+    vllm = command("vllm", "minimax-m2.5")
+    assert "nvidia/MiniMax-M2.5-NVFP4" in vllm and "--quantization" not in vllm  # vLLM reads the checkpoint's format
+    sglang = command("sglang", "kimi-k2.5")
+    assert "--model-path nvidia/Kimi-K2.5-NVFP4" in sglang
+    assert "--quantization modelopt_fp4" in sglang and "--moe-runner-backend flashinfer_trtllm" in sglang

@@ -1,5 +1,5 @@
-"""NVFP4 experts (``--dtype nvfp4``): which checkpoints and GPUs run them, what they launch, what they weigh, how they
-are timed and how the measured rows labelled ``nvfp4`` are replayed."""
+"""NVFP4 checkpoints (``--dtype nvfp4``): which families and GPUs run them, which layers they quantise and launch as FP4
+kernels, what they weigh, how they are timed and how the measured rows labelled ``nvfp4`` are replayed."""
 
 from __future__ import annotations
 
@@ -41,6 +41,34 @@ def test_nvfp4_experts_run_w4a4_on_the_trtllm_moe_and_the_rest_stays_bf16(engine
     assert all(op.dtype == "bf16" for op in ops if isinstance(op, Gemm))
 
 
+@pytest.mark.parametrize(("engine", "model", "fp4", "bf16"), [
+    # nvidia/DeepSeek-V3.1-NVFP4 excludes the MLA projections but not o_proj
+    ("sglang", "deepseek-r1", {"o_proj", "gate_up_proj", "down_proj", "shared_experts.gate_up_proj",
+                               "shared_experts.down_proj"}, {"fused_qkv_a_proj", "q_b_proj"}),
+    ("sglang", "glm-5", {"gate_up_proj", "down_proj", "shared_experts.gate_up_proj", "shared_experts.down_proj"},
+     {"o_proj", "fused_qkv_a_proj"}),  # nvidia/GLM-5-NVFP4 excludes o_proj too
+    ("vllm", "qwen3-235b-a22b", {"qkv_proj", "o_proj"}, {"gate"}),  # the router alone excluded
+    ("vllm", "llama3.1-70b", {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, {"lm_head"}),
+])
+def test_nvfp4_linears_follow_what_each_familys_checkpoint_quantises(engine, model, fp4, bf16) -> None:
+    from servesim.kernels.types import Fp4Linear
+
+    step = expand(engine, get_model(model), get_gpu("B200"), BatchSpec(decodes=(1024,) * 8), 8, dtype="nvfp4")
+    ops = [op for run in step.runs for op in run.ops]
+    assert fp4 <= {op.name for op in ops if isinstance(op, Fp4Linear)}
+    assert bf16 <= {op.name for op in ops if isinstance(op, Gemm) and op.dtype == "bf16"}
+    assert not [op for op in ops if isinstance(op, ScaledMM)]
+
+
+def test_nvfp4_linears_weigh_4_5_bits() -> None:
+    model = get_model("llama3.1-70b")
+    par = Parallelism(1, 1)
+    bf16, nvfp4 = (weight_bytes_per_gpu(model, par, 0, dtype) for dtype in ("bf16", "nvfp4"))
+    layer = model.hidden_size * (model.q_size + 2 * model.num_kv_heads * model.head_dim + model.q_size
+                                 + 3 * model.intermediate_size)
+    assert bf16 - nvfp4 == pytest.approx(model.num_layers * layer * (2 - 4.5 / 8), rel=1e-9)
+
+
 def test_nvfp4_experts_weigh_4_5_bits_and_the_rest_16() -> None:
     model = get_model("minimax-m2.5")
     par = Parallelism(4, 1)
@@ -67,17 +95,15 @@ def test_nvfp4_is_refused_off_blackwell_data_centre_gpus_and_for_other_families(
         _ops("vllm", "minimax-m2.5", gpu="H200")
     with pytest.raises(ServesimError, match="CUTLASS FP4 MoE"):  # SGLang keeps MiniMax-M2 off TRT-LLM
         _ops("sglang", "minimax-m2.5")
-    with pytest.raises(ServesimError, match="FP4 GEMMs are not modelled"):
-        _ops("sglang", "deepseek-r1", tp=8)
-    with pytest.raises(ServesimError, match="FP4 GEMMs are not modelled"):
-        _ops("vllm", "llama3.1-70b")
+    with pytest.raises(ServesimError, match="no modelled NVFP4 checkpoint"):
+        _ops("vllm", "mixtral-8x7b")
     with pytest.raises(ServesimError, match="not nvfp4 ones"):
         expand("vllm", get_model("minimax-m2.5"), get_gpu("B200"), BatchSpec(decodes=(1,)), 4, dtype="nvfp4",
                moe_backend="triton")
 
 
 def test_the_cli_says_why_in_one_line_and_the_suggested_dtype_runs() -> None:
-    args = ["latency", "--model", "deepseek-r1", "--gpu", "B200", "--tp", "8", "--batch-size", "1", "--input-len",
+    args = ["latency", "--model", "mixtral-8x7b", "--gpu", "B200", "--tp", "8", "--batch-size", "1", "--input-len",
             "64", "--output-len", "2"]
     refused = CliRunner().invoke(main, [*args, "--dtype", "nvfp4"])
     assert refused.exit_code == 2 and "Traceback" not in refused.output
@@ -122,3 +148,14 @@ def test_the_launch_command_serves_nvidias_nvfp4_checkpoint() -> None:
     sglang = command("sglang", "kimi-k2.5")
     assert "--model-path nvidia/Kimi-K2.5-NVFP4" in sglang
     assert "--quantization modelopt_fp4" in sglang and "--moe-runner-backend flashinfer_trtllm" in sglang
+
+
+def test_nvfp4_linears_are_timed_near_their_measured_layers() -> None:
+    from servesim.kernels.types import Fp4Linear
+
+    # aiconfigurator's B200 table (SGLang 0.5.14, sglang_flashinfer_cutedsl_nvfp4): n = k = 8,192 takes 13.3 us at
+    # m = 64 and 128.7 us at m = 4,096; the FP8 per-tensor layer of m = 4,096 takes 234.6 us.
+    estimator, gpu = get_estimator("mlp"), get_gpu("B200")
+    for m, measured_us in ((64, 13.3), (4096, 128.7)):
+        predicted_us = estimator.predict_us([Fp4Linear(m=m, n=8192, k=8192)], gpu)[0]
+        assert measured_us / 1.35 <= predicted_us <= measured_us * 1.35, (m, predicted_us)

@@ -62,8 +62,8 @@ def _known_categories(ctx: click.Context, param: click.Parameter, value: str | t
 def _category_option(multiple: bool):
     return click.option("--category", "categories" if multiple else "category", multiple=multiple,
                         default=("gemm",) if multiple else "gemm", show_default=True, callback=_known_categories,
-                        help="Kernel category with measured data: gemm, scaled_mm, attn_prefill, attn_decode, moe, "
-                             "moe_marlin, moe_trtllm, index_logits, index_topk, gdn_prefill, gdn_decode, conv1d, "
+                        help="Kernel category with measured data: gemm, scaled_mm, fp4_mm, attn_prefill, attn_decode, "
+                             "moe, moe_marlin, moe_trtllm, index_logits, index_topk, gdn_prefill, gdn_decode, conv1d, "
                              "rmsnorm, silu_mul, rope"
                              + (" (repeatable)." if multiple else "."))
 

@@ -34,6 +34,7 @@ def _decompose_index_logits(kernel: Kernel, gpu: GpuSpec) -> tuple[Launch, ...]:
 
 _DECOMPOSERS = {
     "gemm": decompose_gemm,
+    "fp4_mm": decompose_gemm,
     "scaled_mm": decompose_scaled_mm,
     "attn_prefill": decompose_prefill,
     "attn_decode": decompose_decode,

@@ -343,7 +343,8 @@ def _launch(kernel: Gemm | ScaledMM, gpu: GpuSpec, t: GemmTiling, name: str) -> 
 def decompose_gemm(kernel: Gemm, gpu: GpuSpec) -> tuple[Launch, ...]:
     t = gemm_tiling(np.array([kernel.m]), np.array([kernel.n]), np.array([kernel.k]), gpu, kernel.dtype,
                     kernel.out_dtype)
-    return (_launch(kernel, gpu, t, "gemm (cuBLAS surrogate)"),)
+    name = "nvfp4 linear (GEMM tiles at FP4 width)" if kernel.category == "fp4_mm" else "gemm (cuBLAS surrogate)"
+    return (_launch(kernel, gpu, t, name),)
 
 
 def decompose_scaled_mm(kernel: ScaledMM, gpu: GpuSpec) -> tuple[Launch, ...]:

@@ -22,8 +22,8 @@ from servesim.hardware.spec import GpuSpec
 from servesim.kernels.types import Kernel
 
 #: Categories whose arithmetic runs on the Tensor cores.
-TENSOR_CATEGORIES = frozenset({"gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin", "moe_trtllm",
-                               "gdn_prefill", "index_logits"})
+TENSOR_CATEGORIES = frozenset({"gemm", "fp4_mm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin",
+                               "moe_trtllm", "gdn_prefill", "index_logits"})
 
 
 def pipe_peak_flops(kernel: Kernel, gpu: GpuSpec) -> float:

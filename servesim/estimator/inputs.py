@@ -67,11 +67,13 @@ _DESCRIPTORS = {
 
 
 #: The spec inputs each category's network is trained and run without (see the module docstring): the whole
-#: vector for BF16 GEMM; for FP8 scaled MM the SM count and Tensor rate per SM, the two figures that put GPUs
-#: nobody measured (the L4's, H20's and L20's SMs, the L20's and H20's rate) outside the FP8 training GPUs' range.
-#: The tiles' waves and Tensor cycles carry both.
+#: vector for BF16 GEMM and for NVFP4 linears (measured on the four Blackwell data-centre GPUs alone); for FP8
+#: scaled MM the SM count and Tensor rate per SM, the two figures that put GPUs nobody measured (the L4's, H20's and
+#: L20's SMs, the L20's and H20's rate) outside the FP8 training GPUs' range. The tiles' waves and Tensor cycles
+#: carry both.
 SPEC_INPUTS_LEFT_OUT: Mapping[str, frozenset[str]] = MappingProxyType({
     "gemm": frozenset(SPEC_FEATURES),
+    "fp4_mm": frozenset(SPEC_FEATURES),
     "scaled_mm": frozenset({"spec_sm_count", "spec_tensor_per_sm_cycle"}),
 })
 

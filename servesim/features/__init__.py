@@ -185,7 +185,7 @@ def _kernel_features_cached(kernel: Kernel, gpu: GpuSpec) -> np.ndarray:
     return feats
 
 
-_TENSOR_CATEGORIES = ("gemm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin", "moe_trtllm",
+_TENSOR_CATEGORIES = ("gemm", "fp4_mm", "scaled_mm", "attn_prefill", "attn_decode", "moe", "moe_marlin", "moe_trtllm",
                       "index_logits")
 
 
@@ -260,7 +260,7 @@ def kernel_features(kernels: Sequence[Kernel], gpu: GpuSpec) -> FeatureMatrix:
     if len(categories) > 1:
         raise ServesimError(f"kernel_features takes one category at a time, got {', '.join(sorted(categories))}")
     values = np.empty((len(kernels), len(FEATURE_NAMES)))
-    if categories <= {"gemm", "scaled_mm"}:
+    if categories <= {"gemm", "fp4_mm", "scaled_mm"}:
         groups: dict[tuple, list[int]] = {}
         for i, kernel in enumerate(kernels):
             groups.setdefault(_gemm_group_key(kernel), []).append(i)

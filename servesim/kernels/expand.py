@@ -27,6 +27,7 @@ from servesim.kernels.types import (
     CausalConv1d,
     Collective,
     Embedding,
+    Fp4Linear,
     FusedMoE,
     GatedDeltaRuleChunk,
     GatedDeltaRuleDecode,
@@ -48,6 +49,7 @@ from servesim.kernels.types import (
     dtype_bytes,
 )
 from servesim.models.config import ModelConfig
+from servesim.models.memory import NVFP4_LINEAR_ROLES, linear_dtype
 from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, validate_parallelism
 
 #: Weight formats: ``bf16``/``fp16`` unquantised; ``fp8`` W8A8 with per-tensor scales (vLLM/SGLang ``fp8``
@@ -56,15 +58,11 @@ from servesim.models.parallel import Parallelism, padded_vocab, stage_layers, va
 #: BF16 (gpt-oss), the experts run weight-only (:class:`servesim.kernels.types.FusedMoE`); ``int4`` a checkpoint
 #: whose routed experts are INT4 with 16-bit activations and the rest BF16 (Kimi-K2.5's compressed-tensors
 #: ``pack-quantized``), the experts run on Marlin MoE (:class:`servesim.kernels.types.MarlinMoE`); ``nvfp4`` a
-#: ModelOpt checkpoint whose routed experts are NVFP4 and the rest BF16 (NVIDIA's NVFP4 MiniMax-M2.5, Kimi-K2.5 and
-#: Qwen3.5), the experts run W4A4 on FlashInfer's TRT-LLM FP4 MoE (:class:`servesim.kernels.types.TrtllmMoE`).
+#: ModelOpt checkpoint (NVIDIA's NVFP4 releases) whose routed experts and the linears its family's checkpoint
+#: quantises (servesim.models.memory.NVFP4_LINEAR_ROLES) are NVFP4, the rest BF16: the experts run W4A4 on
+#: FlashInfer's TRT-LLM FP4 MoE (:class:`servesim.kernels.types.TrtllmMoE`), the linears as
+#: :class:`servesim.kernels.types.Fp4Linear`.
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp8-block", "mxfp4", "int4", "nvfp4")
-#: Model families (their text model's ``model_type``) whose NVIDIA ModelOpt NVFP4 checkpoints quantise the routed
-#: experts alone: their ``hf_quant_config.json`` (aiconfigurator-core's ``model_configs``:
-#: nvidia/MiniMax-M2.5-NVFP4, Kimi-K2.6-NVFP4, Qwen3.5-397B-A17B-NVFP4) excludes every attention projection, the
-#: shared experts, the dense first layers and the router from NVFP4, which keep BF16. NVIDIA's DeepSeek-V3/R1,
-#: GLM-5, Qwen3-235B and Llama NVFP4 checkpoints also quantise linear layers, whose FP4 GEMMs servesim does not model.
-NVFP4_EXPERTS_ONLY_FAMILIES = frozenset({"minimax_m2", "kimi_k2", "qwen3_5_moe_text"})
 #: The FP8 weight formats and the scale granularity of their linears.
 _FP8_SCALES = {"fp8": "tensor", "fp8-block": "block"}
 #: KV-cache formats, as the engines' ``--kv-cache-dtype``: ``auto`` stores K and V in the activation dtype, ``fp8``
@@ -188,6 +186,12 @@ def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int, ep: int 
         raise ServesimError(f"--stage {stage} is outside 0..{pp - 1} for pp={pp}")
 
 
+#: The role of each linear layer the expansion names (servesim.models.memory.linear_dtype); other linears (MLA's
+#: latent projections, the indexer's, linear attention's) are ``other``.
+_LINEAR_ROLES = {"qkv_proj": "qkv_proj", "o_proj": "o_proj", "gate_up_proj": "dense_mlp", "down_proj": "dense_mlp",
+                 "shared_experts.gate_up_proj": "shared_experts", "shared_experts.down_proj": "shared_experts"}
+
+
 @dataclass(frozen=True)
 class _Ctx:
     """Everything one layer's expansion needs, derived once per step."""
@@ -224,6 +228,10 @@ class _Ctx:
         """A (column- or row-parallel) linear layer over ``rows`` tokens (default: the step's padded tokens): one
         GEMM, or dynamic FP8 quantisation then a scaled MM."""
         m = self.tokens if rows is None else rows
+        if self.weights == "nvfp4":
+            if linear_dtype(self.model, "nvfp4", _LINEAR_ROLES.get(name, "other")) == "nvfp4":
+                return [Fp4Linear(m=m, n=n, k=k, bias=bias, out_dtype=self.act, name=name)]
+            return [Gemm(m=m, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
         scale = _FP8_SCALES.get(self.weights)
         if scale is None:
             return [Gemm(m=m, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
@@ -911,7 +919,7 @@ def check_weight_format(model: ModelConfig, dtype: str) -> None:
     """Refuse a weight format the model's checkpoint cannot be served in: ``mxfp4`` is the format of checkpoints
     that ship MXFP4 experts (gpt-oss), which no engine makes of another checkpoint; ``int4`` likewise of a
     compressed-tensors checkpoint with INT4 experts (Kimi-K2.5); ``nvfp4`` is modelled for the families whose
-    NVIDIA NVFP4 checkpoints quantise the routed experts alone (:data:`NVFP4_EXPERTS_ONLY_FAMILIES`)."""
+    NVIDIA NVFP4 checkpoints' layers servesim knows (servesim.models.memory.NVFP4_LINEAR_ROLES)."""
     if dtype == "int4" and not (model.checkpoint_quant == "compressed-tensors" and model.int4_group_size
                                 and model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
@@ -919,11 +927,10 @@ def check_weight_format(model: ModelConfig, dtype: str) -> None:
             f"{model.name} is not a checkpoint with INT4 experts (its config.json {declared}); --dtype int4 is the "
             f"format of compressed-tensors MoE checkpoints with 4-bit integer weights, such as Kimi-K2.5's; use "
             f"--dtype {_suggested_dtype(model)} or bf16")
-    if dtype == "nvfp4" and not (model.is_moe and model.model_type in NVFP4_EXPERTS_ONLY_FAMILIES):
+    if dtype == "nvfp4" and model.model_type not in NVFP4_LINEAR_ROLES:
         raise ServesimError(
-            f"{model.name}: of NVFP4 checkpoints servesim models those whose NVFP4 weights are the routed experts "
-            f"alone (NVIDIA's MiniMax-M2.5, Kimi-K2.5 and Qwen3.5 ones); NVIDIA's NVFP4 checkpoints of other "
-            f"families also quantise linear layers, whose FP4 GEMMs are not modelled; use --dtype "
+            f"{model.name} ({model.model_type}) has no modelled NVFP4 checkpoint: servesim knows which layers "
+            f"NVIDIA's NVFP4 releases quantise for {', '.join(sorted(NVFP4_LINEAR_ROLES))}; use --dtype "
             f"{_suggested_dtype(model)} or bf16")
     if dtype == "mxfp4" and (model.checkpoint_quant != "mxfp4" or not model.is_moe):
         declared = f"declares {model.checkpoint_quant}" if model.checkpoint_quant else "declares no quantisation"
@@ -956,7 +963,7 @@ def check_nvfp4(engine: str, model: ModelConfig, gpu: GpuSpec, architecture: str
 
 def _suggested_dtype(model: ModelConfig) -> str:
     """The quantised ``--dtype`` that serves ``model``'s checkpoint as it ships."""
-    if model.checkpoint_quant == "nvfp4" and model.model_type in NVFP4_EXPERTS_ONLY_FAMILIES and model.is_moe:
+    if model.checkpoint_quant == "nvfp4" and model.model_type in NVFP4_LINEAR_ROLES:
         return "nvfp4"
     if model.checkpoint_quant == "compressed-tensors" and model.int4_group_size and model.is_moe:
         return "int4"

@@ -97,6 +97,31 @@ class Gemm(Kernel):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Fp4Linear(Gemm):
+    """An NVFP4 linear layer on Blackwell as the engines run it: the BF16 activations quantised to NVFP4 (E2M1 values,
+    an E4M3 scale per 16) and multiplied with NVFP4 weights on the FP4 Tensor cores, output in ``out_dtype``
+    (vLLM's and SGLang's FlashInfer NVFP4 linears: ``scaled_fp4_quant`` then the CuteDSL or CUTLASS FP4 GEMM). One
+    kernel stands for both steps, as aiconfigurator's collectors time the layer: the activations are read once in
+    BF16, the weights at 4.5 bits. Its tiles are the BF16 GEMM's at FP4 operand width; its efficiency is learnt
+    from the measured rows (its own category)."""
+
+    category: ClassVar[str] = "fp4_mm"
+    dtype: str = "fp4"
+
+    def __post_init__(self) -> None:
+        if self.dtype != "fp4":
+            raise ValueError(f"an NVFP4 linear multiplies FP4 operands, not {self.dtype}")
+
+    def bytes_moved(self) -> float:
+        out = self.m * self.n * dtype_bytes(self.out_dtype)
+        bias = self.n * dtype_bytes(self.out_dtype) if self.bias else 0
+        return self.m * self.k * dtype_bytes("bf16") + self.k * self.n * dtype_bytes("nvfp4") + bias + out
+
+    def shape(self) -> str:
+        return f"{super().shape()} nvfp4"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ScaledMM(Kernel):
     """FP8 W8A8 GEMM with scales, output in ``out_dtype``.
 

@@ -34,7 +34,32 @@ WEIGHT_FORMATS: dict[str, tuple[str, str]] = {
     "int4": ("bf16", "int4"), "nvfp4": ("bf16", "nvfp4"),
 }
 
+#: NVIDIA's ModelOpt NVFP4 checkpoints: the linear layers each family's checkpoint keeps in NVFP4 beside its routed
+#: experts, by role (``qkv_proj``: the attention's input projection; ``o_proj``; ``dense_mlp``: the dense layers'
+#: gate/up and down; ``shared_experts``), from the checkpoints' ``hf_quant_config.json`` exclusions
+#: (aiconfigurator-core's ``model_configs``): MiniMax-M2.5, Kimi-K2.6 and Qwen3.5-397B exclude every attention
+#: projection, shared expert and dense layer; DeepSeek-V3.1 (and V3.2, whose indexer is excluded too) the MLA
+#: projections but not ``o_proj``; GLM-5 all attention, ``o_proj`` included; Qwen3-235B the router alone; Llama's
+#: (ModelOpt's default recipe) the LM head alone. Families not listed have no modelled NVFP4 checkpoint.
+NVFP4_LINEAR_ROLES: dict[str, frozenset[str]] = {
+    "minimax_m2": frozenset(), "kimi_k2": frozenset(), "qwen3_5_moe_text": frozenset(),
+    "deepseek_v3": frozenset({"o_proj", "dense_mlp", "shared_experts"}),
+    "deepseek_v32": frozenset({"o_proj", "dense_mlp", "shared_experts"}),
+    "glm_moe_dsa": frozenset({"dense_mlp", "shared_experts"}),
+    "qwen3_moe": frozenset({"qkv_proj", "o_proj"}),
+    "llama": frozenset({"qkv_proj", "o_proj", "dense_mlp"}),
+}
+
 GIB = 2**30
+
+
+def linear_dtype(model: ModelConfig, weight_dtype: str, role: str) -> str:
+    """The dtype of ``model``'s linear layers of ``role`` (``qkv_proj``, ``o_proj``, ``dense_mlp``,
+    ``shared_experts``, or ``other``) in the format ``weight_dtype``: NVFP4 where the family's NVFP4 checkpoint
+    quantises them (:data:`NVFP4_LINEAR_ROLES`), else the format's linear dtype (:data:`WEIGHT_FORMATS`)."""
+    if weight_dtype == "nvfp4" and role in NVFP4_LINEAR_ROLES.get(model.model_type, ()):
+        return "nvfp4"
+    return WEIGHT_FORMATS[weight_dtype][0]
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -51,18 +76,19 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
     """
     if weight_dtype not in WEIGHT_FORMATS:
         raise ServesimError(f"unknown weight format {weight_dtype!r}; use one of {', '.join(WEIGHT_FORMATS)}")
-    linear_dtype, expert_dtype = WEIGHT_FORMATS[weight_dtype]
+    expert_dtype = WEIGHT_FORMATS[weight_dtype][1]
     if model.is_mla:
-        return _mla_layer_weight_bytes_per_gpu(model, tp, layer, linear_dtype, expert_dtype)
+        return _mla_layer_weight_bytes_per_gpu(model, tp, layer, weight_dtype, expert_dtype)
     hidden, head_dim = model.hidden_size, model.head_dim
     q_per_gpu = model.q_size / tp
     kv_per_gpu = kv_heads_per_gpu(model, tp) * head_dim
+    linear: dict[str, float] = {}  # weights by role (linear_dtype)
     if model.is_linear_layer(layer):
-        linear, other = _linear_mixer_weights_per_gpu(model, tp)
+        linear["other"], other = _linear_mixer_weights_per_gpu(model, tp)
         other += 2 * hidden
     else:
         q_out = 2 * q_per_gpu if model.attn_output_gate else q_per_gpu
-        linear = hidden * (q_out + 2 * kv_per_gpu) + q_per_gpu * hidden
+        linear["qkv_proj"], linear["o_proj"] = hidden * (q_out + 2 * kv_per_gpu), q_per_gpu * hidden
         other = 2 * hidden + {"": 0, "head": 2 * head_dim, "layer": q_per_gpu + kv_per_gpu}[model.qk_norm]
     if model.attention_bias:
         other += q_per_gpu + 2 * kv_per_gpu
@@ -74,13 +100,19 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
         inter = model.moe_intermediate_size / tp
         experts = model.num_experts * 3 * hidden * inter
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype]
-        linear += 3 * hidden * model.shared_expert_intermediate_size / tp
+        linear["shared_experts"] = 3 * hidden * model.shared_expert_intermediate_size / tp
         other_bytes += hidden * 2 if model.shared_expert_gate else 0
         if model.moe_bias:
             other_bytes += model.num_experts * (1 + 2 * inter + hidden) * 2
     else:
-        linear += 3 * hidden * model.intermediate_size / tp
-    return linear * DTYPE_BYTES[linear_dtype] + experts * expert_weight_bytes(model, expert_dtype) + other_bytes
+        linear["dense_mlp"] = 3 * hidden * model.intermediate_size / tp
+    return (_linear_bytes(model, weight_dtype, linear) + experts * expert_weight_bytes(model, expert_dtype)
+            + other_bytes)
+
+
+def _linear_bytes(model: ModelConfig, weight_dtype: str, weights_by_role: dict[str, float]) -> float:
+    """Bytes of linear weights counted by role, each role in its :func:`linear_dtype`."""
+    return sum(count * DTYPE_BYTES[linear_dtype(model, weight_dtype, role)] for role, count in weights_by_role.items())
 
 
 def _linear_mixer_weights_per_gpu(model: ModelConfig, tp: int) -> tuple[float, float]:
@@ -94,7 +126,7 @@ def _linear_mixer_weights_per_gpu(model: ModelConfig, tp: int) -> tuple[float, f
     return linear, other
 
 
-def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, linear_dtype: str,
+def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_dtype: str,
                                     expert_dtype: str) -> float:
     """One MLA/DeepSeekMoE layer on one GPU (vLLM ``deepseek_v2.py``): q_a_proj and kv_a_proj_with_mqa are
     replicated (every GPU projects the whole latent), q_b_proj, kv_b_proj and o_proj are split by head; the
@@ -106,21 +138,22 @@ def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, lin
     kv_b = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
     replicated = hidden * (model.q_lora_rank + model.mla_latent_dim) if model.q_lora_rank else (
         hidden * model.mla_latent_dim)
-    split = (model.q_lora_rank or hidden) * heads * qk + kv_b + heads * model.v_head_dim * hidden
     norms = 2 * hidden + model.q_lora_rank + model.kv_lora_rank
-    linear = replicated + split
+    linear = {"other": replicated + (model.q_lora_rank or hidden) * heads * qk + kv_b,
+              "o_proj": heads * model.v_head_dim * hidden}
     other_bytes = (norms + kv_b) * 2
     if model.is_dsa:  # the indexer, replicated: wq_b and wk quantised as the linears, weights_proj and k_norm 16-bit
-        linear += model.q_lora_rank * model.index_n_heads * model.index_head_dim + hidden * model.index_head_dim
+        linear["other"] += (model.q_lora_rank * model.index_n_heads + hidden) * model.index_head_dim
         other_bytes += (hidden * model.index_n_heads + 2 * model.index_head_dim) * 2
     experts = 0.0
     if model.is_moe_layer(layer):
         experts = model.num_experts * 3 * hidden * model.moe_intermediate_size / tp
-        linear += 3 * hidden * model.shared_expert_intermediate_size / tp
+        linear["shared_experts"] = 3 * hidden * model.shared_expert_intermediate_size / tp
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype] + 4 * model.num_experts
     else:
-        linear += 3 * hidden * model.intermediate_size / tp
-    return linear * DTYPE_BYTES[linear_dtype] + experts * expert_weight_bytes(model, expert_dtype) + other_bytes
+        linear["dense_mlp"] = 3 * hidden * model.intermediate_size / tp
+    return (_linear_bytes(model, weight_dtype, linear) + experts * expert_weight_bytes(model, expert_dtype)
+            + other_bytes)
 
 
 def expert_weight_bytes(model: ModelConfig, expert_dtype: str) -> float:

@@ -33,6 +33,7 @@ from servesim.kernels.types import (
     AttentionDecode,
     AttentionPrefill,
     CausalConv1d,
+    Fp4Linear,
     FusedMoE,
     GatedDeltaRuleChunk,
     GatedDeltaRuleDecode,
@@ -171,7 +172,8 @@ def _prepare_gemm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
 #: How many copies of a kernel aiconfigurator's timing loop runs in turn, by category: its GEMM collectors (vLLM's
 #: and SGLang's ``collect_gemm.py``) time six copies of the layer, each with its own weights, and divide by six; its
 #: attention collectors time one layer's kernel again and again on one KV cache.
-HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "scaled_mm": 6, "attn_prefill": 1, "attn_decode": 1,
+HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "fp4_mm": 6, "scaled_mm": 6, "attn_prefill": 1,
+                                                      "attn_decode": 1,
                                                       "index_logits": 1})
 
 
@@ -203,6 +205,28 @@ def _gemm_kernels(frame: pd.DataFrame) -> list[Kernel]:
     return _with_harness_l2(frame, [Gemm(m=int(m), n=int(n), k=int(k), dtype=str(d))
                                     for m, n, k, d in zip(frame["m"], frame["n"], frame["k"], frame["dtype"])],
                             "gemm")
+
+
+def _read_fp4_gemm(options: DataOptions) -> pd.DataFrame:
+    from servesim.data.aiconfigurator import load_gemm
+
+    return load_gemm(dtypes=("nvfp4",))
+
+
+#: The NVFP4 linears of compute capability 10.x as each engine's collector names them (FlashInfer's CuteDSL FP4
+#: GEMM behind both); the RTX PRO 6000's (SM120, FlashInfer's CUTLASS kernel) are another kernel on a GPU the
+#: engines' NVFP4 MoE is not modelled on.
+FP4_LINEAR_SOURCES = frozenset({"FlashInferCuteDslNvFp4LinearKernel", "sglang_flashinfer_cutedsl_nvfp4"})
+
+
+def _prepare_fp4_mm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
+    return _drop(frame, _sources(frame).isin(FP4_LINEAR_SOURCES),
+                 "NVFP4 linears of other kernels (FlashInfer CUTLASS on SM120)", dropped)
+
+
+def _fp4_mm_kernels(frame: pd.DataFrame) -> list[Kernel]:
+    return _with_harness_l2(frame, [Fp4Linear(m=int(m), n=int(n), k=int(k))
+                                    for m, n, k in zip(frame["m"], frame["n"], frame["k"])], "fp4_mm")
 
 
 def _read_fp8_gemm(options: DataOptions) -> pd.DataFrame:
@@ -751,6 +775,7 @@ SOURCES: dict[str, CategorySource] = {
     "gemm": CategorySource(_read_gemm, _prepare_gemm, ("m", "n", "k", "dtype"), _gemm_kernels, "gemm"),
     "scaled_mm": CategorySource(_read_fp8_gemm, _prepare_scaled_mm, ("m", "n", "k", "scaling"), _scaled_mm_kernels,
                                 "scaled_mm"),
+    "fp4_mm": CategorySource(_read_fp4_gemm, _prepare_fp4_mm, ("m", "n", "k"), _fp4_mm_kernels, None),
     "attn_prefill": CategorySource(_read_context_attention, _prepare_prefill, ("seq_len", "prefix_len",
                                    *_ATTENTION_SHAPE), _prefill_kernels, "context_attention"),
     "attn_decode": CategorySource(_read_generation_attention, _prepare_attention("generation_attention"),

@@ -189,7 +189,11 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
       interval of 10; the earlier 0.5.9 B300 runs (marked wip, 2026-04-03) predate it and get the B200 recipe;
     - ``glm5_fp8_h200.sh`` (626932a11): SGLang's defaults but ``--mem-fraction-static 0.85`` (radix cache on, KV in
       the model's dtype); ``glm5_fp8_b200.sh`` and ``glm5_fp8_b300.sh`` (2026-04-17, 6c66a00d9): ``fp8_e4m3`` KV,
-      chunks of 32,768, no radix cache.
+      chunks of 32,768, no radix cache;
+    - their NVFP4 scripts: ``dsr1_fp4_b200.sh`` (626932a11) and ``dsr1_fp4_b300.sh`` (2026-04-17, 9ebeafb4e):
+      ``fp8_e4m3`` KV, chunks of 16,384, no radix cache, a receive interval of 10 below 16 clients, 30 from 16;
+      ``qwen3.5_fp4_b200.sh`` (2026-04-08, 48d35c480) as the FP8 one; ``glm5_fp4_b200.sh`` (2026-04-02, 800f57aaf):
+      KV in the model's dtype, chunks of 131,072, the radix cache on.
 
     Their ``--max-running-requests`` is not replayed (the running requests stay capped at the concurrency): the B200
     DeepSeek and Qwen3.5 scripts cap TP 8 (DeepSeek) and every layout (Qwen3.5) at 128, but the file's 256- and
@@ -201,6 +205,8 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     by_clients = 10 if concurrency < 16 else 30
     blackwell_recipe = gpu in ("B200", "B300")
     if "deepseek" in model:
+        if dtype == "nvfp4":
+            return SglangLaunch("fp8", 16384, recv_interval=by_clients)
         if gpu == "H200":
             return SglangLaunch("auto", 32768)
         return SglangLaunch("fp8", 32768 if tp == 8 else 8192,
@@ -215,6 +221,8 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     if "glm-5" in model:
         if gpu == "H200":
             return SglangLaunch("auto", None, radix_cache=True)
+        if dtype == "nvfp4" and gpu == "B200":
+            return SglangLaunch("auto", 131072, radix_cache=True)
         return SglangLaunch("fp8", 32768)
     return SglangLaunch(INFERENCEX.kv_cache_dtype, None)
 

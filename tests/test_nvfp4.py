@@ -159,3 +159,18 @@ def test_nvfp4_linears_are_timed_near_their_measured_layers() -> None:
     for m, measured_us in ((64, 13.3), (4096, 128.7)):
         predicted_us = estimator.predict_us([Fp4Linear(m=m, n=8192, k=8192)], gpu)[0]
         assert measured_us / 1.35 <= predicted_us <= measured_us * 1.35, (m, predicted_us)
+
+
+def test_vllm_takes_the_nvfp4_checkpoints_fp8_kv_cache_by_default() -> None:
+    from servesim.serving.deployment import build_deployment
+
+    def deployment(engine: str, **overrides):
+        return build_deployment(get_model("kimi-k2.5"), get_gpu("B200"), Parallelism(4, 1), engine, dtype="nvfp4",
+                                **overrides)
+
+    # vLLM's "auto" reads the checkpoint's static 8-bit float kv_cache_scheme: half the bytes, twice the tokens
+    vllm, explicit_auto = deployment("vllm"), deployment("vllm", kv_cache_dtype="auto")
+    assert vllm.kv_cache_dtype == explicit_auto.kv_cache_dtype == "fp8"
+    assert deployment("sglang").kv_cache_dtype == "auto"
+    int4 = build_deployment(get_model("kimi-k2.5"), get_gpu("B200"), Parallelism(4, 1), "vllm", dtype="int4")
+    assert int4.kv_cache_dtype == "auto"

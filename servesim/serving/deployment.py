@@ -134,6 +134,8 @@ def build_deployment(
     engine_class, release = parse_engine(engine)
     engine_class.check_expert_parallel(par)
     settings = engine_class.default_settings(gpu, par, release).with_overrides(**overrides)
+    if dtype == "nvfp4" and settings.kv_cache_dtype == "auto" and engine_class.nvfp4_auto_kv_fp8:
+        settings = settings.with_overrides(kv_cache_dtype="fp8")
     if settings.async_scheduling and par.pp > 1:
         raise ServesimError(f"{release.label} runs no async scheduling with pipeline parallelism; drop "
                             f"--async-scheduling or use --pp 1")

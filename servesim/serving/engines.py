@@ -158,6 +158,9 @@ class Engine:
     #: Server flags that serve an NVFP4 checkpoint on FlashInfer's TRT-LLM FP4 MoE (vLLM reads the format from the
     #: checkpoint and takes that kernel by itself).
     nvfp4_flags: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``--kv-cache-dtype auto`` takes an NVFP4 checkpoint's own KV-cache format (FP8: NVIDIA's releases
+    #: declare ``kv_cache_scheme`` 8-bit float, static).
+    nvfp4_auto_kv_fp8: ClassVar[bool] = False
 
     def launch_flags(self, settings: EngineSettings, default_async: bool) -> list[str]:
         """The server flags whose values the prediction assumed; ``default_async``: whether the engine schedules
@@ -189,6 +192,9 @@ class Vllm(Engine):
     moe_backend_flags = {"triton": (("VLLM_USE_FLASHINFER_MOE_FP8=0", "VLLM_MOE_USE_DEEP_GEMM=0"), ()),
                          "flashinfer-trtllm": (("VLLM_USE_FLASHINFER_MOE_FP8=1", "VLLM_FLASHINFER_MOE_BACKEND=latency"),
                                                ())}
+    # vllm/utils/torch_utils.py resolve_kv_cache_dtype_string (0.15.1 to 0.19): "auto" becomes fp8_e4m3 when the
+    # checkpoint's quantization_config declares a static 8-bit float kv_cache_scheme, as NVIDIA's NVFP4 releases do.
+    nvfp4_auto_kv_fp8 = True
 
     def expert_parallel_flags(self, par: Parallelism) -> list[str]:
         return ["--enable-expert-parallel"] if par.ep > 1 else []

@@ -22,7 +22,8 @@ TTFT_BAR_PCT = 20.0
 #: Concurrency buckets for the bias table: (low, high] client counts.
 CONCURRENCY_EDGES = (0, 8, 32, 128, np.inf)
 
-GROUP_KEYS = ("gpu", "engine", "model_id", "tp", "ep")
+#: A row group of the silicon report: one deployment of one model (its weight format included).
+GROUP_KEYS = ("gpu", "engine", "model_id", "dtype", "tp", "ep")
 
 
 def errors_summary(group: pd.DataFrame) -> dict[str, float]:

@@ -31,7 +31,7 @@ from servesim.planner.search import (
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
 from servesim.planner.step_store import load_memos, memo_entries, save_memos
-from servesim.serving.deployment import Deployment, build_deployment
+from servesim.serving.deployment import Deployment, build_deployment, served_kv_cache_dtype
 from servesim.serving.engines import Release, parse_engine
 from servesim.serving.step_time import StepTimeModel
 from servesim.workloads.request import Workload
@@ -73,7 +73,9 @@ class PlanRequest:
 
     @property
     def kv_cache_dtype(self) -> str:
-        return dict(self.engine_overrides).get("kv_cache_dtype") or "auto"
+        """The KV-cache dtype the deployments are served with (:func:`served_kv_cache_dtype`)."""
+        requested = dict(self.engine_overrides).get("kv_cache_dtype") or "auto"
+        return served_kv_cache_dtype(parse_engine(self.engine)[0], self.dtype, requested)
 
     @property
     def engine_name(self) -> str:

@@ -106,6 +106,14 @@ class Deployment:
                          *moe_flags])
 
 
+def served_kv_cache_dtype(engine_class: type[Engine], dtype: str, kv_cache_dtype: str) -> str:
+    """The KV-cache dtype the engine serves ``--kv-cache-dtype kv_cache_dtype`` in for ``dtype`` weights: an NVFP4
+    checkpoint's own FP8 where the engine's ``auto`` takes it (:attr:`Engine.nvfp4_auto_kv_fp8`)."""
+    if dtype == "nvfp4" and kv_cache_dtype == "auto" and engine_class.nvfp4_auto_kv_fp8:
+        return "fp8"
+    return kv_cache_dtype
+
+
 def nvfp4_checkpoint(source: str) -> str:
     """NVIDIA's NVFP4 checkpoint of the model at ``source`` (a hub id or a path): ``nvidia/<name>-NVFP4``, as
     nvidia/MiniMax-M2.5-NVFP4, nvidia/Kimi-K2.5-NVFP4 and nvidia/Qwen3.5-397B-A17B-NVFP4 are named."""
@@ -134,8 +142,8 @@ def build_deployment(
     engine_class, release = parse_engine(engine)
     engine_class.check_expert_parallel(par)
     settings = engine_class.default_settings(gpu, par, release).with_overrides(**overrides)
-    if dtype == "nvfp4" and settings.kv_cache_dtype == "auto" and engine_class.nvfp4_auto_kv_fp8:
-        settings = settings.with_overrides(kv_cache_dtype="fp8")
+    settings = settings.with_overrides(kv_cache_dtype=served_kv_cache_dtype(engine_class, dtype,
+                                                                             settings.kv_cache_dtype))
     if settings.async_scheduling and par.pp > 1:
         raise ServesimError(f"{release.label} runs no async scheduling with pipeline parallelism; drop "
                             f"--async-scheduling or use --pp 1")

@@ -174,3 +174,11 @@ def test_vllm_takes_the_nvfp4_checkpoints_fp8_kv_cache_by_default() -> None:
     assert deployment("sglang").kv_cache_dtype == "auto"
     int4 = build_deployment(get_model("kimi-k2.5"), get_gpu("B200"), Parallelism(4, 1), "vllm", dtype="int4")
     assert int4.kv_cache_dtype == "auto"
+
+
+def test_a_simulated_plan_names_a_gpus_unsupported_layouts_in_one_note() -> None:
+    result = CliRunner().invoke(main, ["plan", "--model", "minimax-m2.5", "--gpus", "B200,H200", "--tp", "4",
+                                       "--dtype", "nvfp4", "-n", "100"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if "(unsupported)" in line]
+    assert len(notes) == 1 and notes[0].startswith("H200 TP4, TP4xPP2 (unsupported): NVFP4 weights")

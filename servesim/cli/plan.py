@@ -388,7 +388,9 @@ def _slo_plan(request, kernel_estimator, slos_default: bool, executor_name: str,
         notes.append(f"Recommendation: {plan.explanation}")
         notes.append(f"Launch: {payload['recommendation']['launch_command']}")
     notes += [f"{o['gpu']} {o['layout']} ({o['status']}): {o['note']}" for o in payload["options"]
-              if o["note"]]
+              if o["note"] and o["status"] != "unsupported"]
+    notes += _unsupported_notes([{"gpu": o["gpu"], "layout": o["layout"], "reason": o["note"]}
+                                 for o in payload["options"] if o["status"] == "unsupported"])
     notes += [f"{o['gpu']} {o['layout']}: {o['sample_warning']}" for o in payload["options"] if o["sample_warning"]]
     if request.gpu_budget is not None:
         notes += [f"{o['gpu']} {o['layout']}: needs {o['total_gpus']} GPUs, over the budget of {request.gpu_budget}"

@@ -955,10 +955,10 @@ def check_nvfp4(engine: str, model: ModelConfig, gpu: GpuSpec, architecture: str
             f"(it models FlashInfer's TRT-LLM FP4 MoE, which vLLM runs for them); use --engine vllm or another --dtype")
     if architecture != "blackwell" or gpu.tensor_flops_per_sm_per_cycle.get("fp4", 0) <= 0:
         raise ServesimError(
-            f"NVFP4 experts are modelled on FlashInfer's TRT-LLM FP4 MoE, which runs on Blackwell data-centre GPUs "
-            f"(compute capability 10.x: B200, B300, GB200, GB300), not on {gpu.name}, where the engines emulate "
-            f"NVFP4 (Marlin) or take another MoE kernel that servesim does not model; use one of those GPUs or "
-            f"another --dtype")
+            f"NVFP4 weights are modelled on the FP4 Tensor cores and FlashInfer kernels of Blackwell data-centre "
+            f"GPUs (compute capability 10.x: B200, B300, GB200, GB300), not on {gpu.name}, where the engines emulate "
+            f"NVFP4 (Marlin) or take other kernels that servesim does not model; use one of those GPUs or another "
+            f"--dtype")
 
 
 def _suggested_dtype(model: ModelConfig) -> str:

@@ -147,7 +147,11 @@ def test_the_launch_command_serves_nvidias_nvfp4_checkpoint() -> None:
     assert "nvidia/MiniMax-M2.5-NVFP4" in vllm and "--quantization" not in vllm  # vLLM reads the checkpoint's format
     sglang = command("sglang", "kimi-k2.5")
     assert "--model-path nvidia/Kimi-K2.5-NVFP4" in sglang
-    assert "--quantization modelopt_fp4" in sglang and "--moe-runner-backend flashinfer_trtllm" in sglang
+    assert "--quantization modelopt_fp4" in sglang and sglang.count("--moe-runner-backend flashinfer_trtllm") == 1
+    # the FP8 MoE kernel's switches do not apply to NVFP4 experts, even when the default is asked for by name
+    explicit = build_deployment(get_model("kimi-k2.5"), get_gpu("B200"), Parallelism(8, 1), "vllm", dtype="nvfp4",
+                                moe_backend="flashinfer-trtllm").launch_command()
+    assert "VLLM_USE_FLASHINFER_MOE_FP8" not in explicit
 
 
 def test_nvfp4_linears_are_timed_near_their_measured_layers() -> None:

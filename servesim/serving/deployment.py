@@ -99,8 +99,9 @@ class Deployment:
         env = ["VLLM_MXFP4_USE_MARLIN=1"] if forced_marlin else []
         if self.dtype == "mxfp4" and self.mxfp4_moe_backend == "flashinfer-mxfp8":
             env.append("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1")
-        moe_env, moe_flags = (self.engine.moe_backend_launch(self.settings.moe_backend) if self.model.is_moe
-                              else ((), ()))
+        # --moe-backend picks the kernel of BF16 and FP8 experts; 4-bit experts have their own (above)
+        picks_moe = self.model.is_moe and self.dtype not in ("mxfp4", "int4", "nvfp4")
+        moe_env, moe_flags = self.engine.moe_backend_launch(self.settings.moe_backend) if picks_moe else ((), ())
         return " ".join([*env, *moe_env, *self.engine.launch_head(source, self.par), *quant,
                          *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par)),
                          *moe_flags])

@@ -186,3 +186,19 @@ def test_a_simulated_plan_names_a_gpus_unsupported_layouts_in_one_note() -> None
     assert result.exit_code == 0, result.output
     notes = [line for line in result.output.splitlines() if "(unsupported)" in line]
     assert len(notes) == 1 and notes[0].startswith("H200 TP4, TP4xPP2 (unsupported): NVFP4 weights")
+
+
+def test_nvidias_nvfp4_config_files_load_as_nvfp4_checkpoints_named_after_the_file() -> None:
+    from servesim.errors import ServesimError as Missing
+    from servesim.data.aiconfigurator import package_dir
+
+    try:
+        path = package_dir() / "model_configs" / "nvidia--MiniMax-M2.5-NVFP4_config.json"
+    except Missing:
+        pytest.skip("aiconfigurator-core is not installed")
+    model = get_model(str(path))
+    assert (model.name, model.checkpoint_quant) == ("nvidia--MiniMax-M2.5-NVFP4", "nvfp4")
+    result = CliRunner().invoke(main, ["latency", "--model", str(path), "--gpu", "B200", "--tp", "4", "--dtype",
+                                       "nvfp4", "--batch-size", "2", "--input-len", "256", "--output-len", "4"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("nvidia--MiniMax-M2.5-NVFP4 on TP4 B200")

@@ -106,7 +106,11 @@ def _load_with_autoconfig(ref: str) -> ModelConfig:
             raise ServesimError(f"{ref} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(cfg, dict):
             raise ServesimError(f"{ref} holds a JSON {type(cfg).__name__}, not a model config (a JSON object)")
-        return config_from_hf_dict(cfg, name=path.parent.name or ref, source=ref)
+        # A checkpoint's config.json is named after its folder; a file named otherwise (aiconfigurator-core's
+        # model_configs/<org>--<model>_config.json) after itself.
+        name = (path.parent.name if path.name == "config.json"
+                else path.name.removesuffix(".json").removesuffix("_config"))
+        return config_from_hf_dict(cfg, name=name or ref, source=ref)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         from transformers import AutoConfig

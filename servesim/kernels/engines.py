@@ -15,6 +15,7 @@ from typing import Mapping
 
 from servesim.errors import ServesimError, suggest
 from servesim.hardware.spec import GpuSpec
+from servesim.kernels.types import FOUR_BIT_EXPERT_FORMATS
 
 
 
@@ -173,7 +174,7 @@ class EngineKernels:
         default = "flashinfer-trtllm" if trtllm else "triton"
         if requested in ("auto", default):
             return default
-        if weights in ("mxfp4", "int4", "nvfp4"):
+        if weights in FOUR_BIT_EXPERT_FORMATS:
             raise ServesimError(f"--moe-backend picks the kernel of BF16 and FP8 experts, not {weights} ones; drop "
                                 f"--moe-backend" + (" (--mxfp4-moe-backend picks MXFP4 experts' kernel)"
                                                     if weights == "mxfp4" else ""))

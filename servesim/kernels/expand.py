@@ -20,6 +20,7 @@ from servesim.hardware.spec import GpuSpec
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.kernels.engines import EngineKernels, GpuTraits, GraphPlan, get_engine_kernels, gpu_traits
 from servesim.kernels.types import (
+    FOUR_BIT_EXPERT_FORMATS,
     GDN_CHUNK_TOKENS,
     AddRMSNorm,
     AttentionDecode,
@@ -226,12 +227,11 @@ class _Ctx:
 
     def linear(self, name: str, n: int, k: int, bias: bool = False, rows: int | None = None) -> list[Kernel]:
         """A (column- or row-parallel) linear layer over ``rows`` tokens (default: the step's padded tokens): one
-        GEMM, or dynamic FP8 quantisation then a scaled MM."""
+        GEMM, an NVFP4 linear where the checkpoint quantises its role, or dynamic FP8 quantisation then a scaled
+        MM."""
         m = self.tokens if rows is None else rows
-        if self.weights == "nvfp4":
-            if linear_dtype(self.model, "nvfp4", _LINEAR_ROLES.get(name, "other")) == "nvfp4":
-                return [Fp4Linear(m=m, n=n, k=k, bias=bias, out_dtype=self.act, name=name)]
-            return [Gemm(m=m, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
+        if self.weights == "nvfp4" and linear_dtype(self.model, "nvfp4", _LINEAR_ROLES.get(name, "other")) == "nvfp4":
+            return [Fp4Linear(m=m, n=n, k=k, bias=bias, out_dtype=self.act, name=name)]
         scale = _FP8_SCALES.get(self.weights)
         if scale is None:
             return [Gemm(m=m, n=n, k=k, bias=bias, dtype=self.act, out_dtype=self.act, name=name)]
@@ -408,7 +408,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             dtype=("fp4" if nvfp4 else "fp8" if scale or (flashinfer_mxfp4 and ctx.mxfp4_moe == "flashinfer-mxfp8")
                    else ctx.act),
             scale=scale,
-            weight_dtype=ctx.weights if ctx.weights in ("mxfp4", "int4", "nvfp4") else "",
+            weight_dtype=ctx.weights if ctx.weights in FOUR_BIT_EXPERT_FORMATS else "",
             weight_group=model.int4_group_size if ctx.weights == "int4" else 0,
             name="experts",
             **({"global_experts": experts} if marlin and ctx.ep > 1 else {}),

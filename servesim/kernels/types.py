@@ -26,6 +26,9 @@ MXFP4_BITS_PER_WEIGHT = 4 + 8 / 32
 NVFP4_BITS_PER_WEIGHT = 4 + 8 / 16
 #: INT4 weights with one BF16 scale per group of 128 (GPTQ/AWQ checkpoints as Marlin runs them).
 INT4_BITS_PER_WEIGHT = 4 + 16 / 128
+#: Weight formats whose routed experts are 4-bit and run on their format's own MoE kernel (``FusedMoE.weight_dtype``),
+#: not on the BF16/FP8 one ``--moe-backend`` picks.
+FOUR_BIT_EXPERT_FORMATS = ("mxfp4", "int4", "nvfp4")
 #: Bytes per element of each dtype name used in this package. ``fp4`` is an E2M1 operand of FP4 Tensor-core MMAs
 #: (NVFP4 activations, their block scales counted apart).
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5,

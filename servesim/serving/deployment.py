@@ -16,6 +16,7 @@ from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
 from servesim.hardware.spec import GpuSpec
 from servesim.kernels.expand import WEIGHT_DTYPES, kv_storage_dtype, served_weights
+from servesim.kernels.types import FOUR_BIT_EXPERT_FORMATS
 from servesim.models.config import ModelConfig
 from servesim.models.memory import MemoryPlan, plan_memory
 from servesim.models.parallel import Parallelism, validate_parallelism
@@ -100,7 +101,7 @@ class Deployment:
         if self.dtype == "mxfp4" and self.mxfp4_moe_backend == "flashinfer-mxfp8":
             env.append("VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1")
         # --moe-backend picks the kernel of BF16 and FP8 experts; 4-bit experts have their own (above)
-        picks_moe = self.model.is_moe and self.dtype not in ("mxfp4", "int4", "nvfp4")
+        picks_moe = self.model.is_moe and self.dtype not in FOUR_BIT_EXPERT_FORMATS
         moe_env, moe_flags = self.engine.moe_backend_launch(self.settings.moe_backend) if picks_moe else ((), ())
         return " ".join([*env, *moe_env, *self.engine.launch_head(source, self.par), *quant,
                          *self.engine.launch_flags(self.settings, self.release.schedules_async(self.par)),

@@ -67,7 +67,7 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 @ep_option
 @click.option("--stage", default=0, show_default=True, type=int, help="Pipeline stage to show (0-based).")
 @click.option("--dtype", default="bf16", show_default=True,
-              help="Weights: bf16, fp16, fp8 (W8A8 per-tensor), fp8-block (W8A8, 128x128 blocks), mxfp4 (gpt-oss experts), int4 (Kimi-K2.5 experts) or nvfp4 (NVFP4 experts, Blackwell).")
+              help="Weights: bf16, fp16, fp8 (W8A8 per-tensor), fp8-block (W8A8, 128x128 blocks), mxfp4 (gpt-oss experts), int4 (Kimi-K2.5 experts) or nvfp4 (NVIDIA's NVFP4 releases, Blackwell).")
 @click.option("--batch", "batch_text", required=True, help=f"The step's requests. {BATCH_SYNTAX_HELP}")
 @click.option("--all-layers", is_flag=True, help="List every layer instead of grouping identical layers.")
 @output_format_options

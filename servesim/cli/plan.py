@@ -241,7 +241,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
 @click.option("--ep", default="1", show_default=True, callback=plan_ep, metavar="N|search", help="Expert parallelism of MoE models: split the experts over N of each layout's TP GPUs (layouts whose TP N divides), or 'search': each layout without and with its experts over all its TP GPUs.")
 @engine_option
-@click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 (W8A8, per-tensor scales), fp8-block (W8A8, 128x128 blocks), mxfp4 (MXFP4 experts, gpt-oss), int4 (INT4 experts, Kimi-K2.5) or nvfp4 (NVFP4 experts: MiniMax-M2.5, Kimi-K2.5, Qwen3.5 on Blackwell).")
+@click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 (W8A8, per-tensor scales), fp8-block (W8A8, 128x128 blocks), mxfp4 (MXFP4 experts, gpt-oss), int4 (INT4 experts, Kimi-K2.5) or nvfp4 (NVIDIA's NVFP4 releases, Blackwell: docs/models.md).")
 @estimator_option
 @click.option("--max-num-seqs", type=DIMENSION, help="Cap on running requests (vLLM max_num_seqs, SGLang max_running_requests); engine default if unset.")
 @click.option("--max-num-batched-tokens", type=DIMENSION, help="Token budget per step / prefill chunk size; engine default if unset.")

@@ -173,8 +173,7 @@ def _prepare_gemm(frame: pd.DataFrame, dropped: dict[str, int]) -> pd.DataFrame:
 #: and SGLang's ``collect_gemm.py``) time six copies of the layer, each with its own weights, and divide by six; its
 #: attention collectors time one layer's kernel again and again on one KV cache.
 HARNESS_COPIES: Mapping[str, int] = MappingProxyType({"gemm": 6, "fp4_mm": 6, "scaled_mm": 6, "attn_prefill": 1,
-                                                      "attn_decode": 1,
-                                                      "index_logits": 1})
+                                                      "attn_decode": 1, "index_logits": 1})
 
 
 def harness_l2_fills(kernels: Sequence[Kernel], gpus: Sequence[str], copies: int) -> np.ndarray:

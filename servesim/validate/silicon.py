@@ -39,7 +39,8 @@ BAR_PRESETS = ("llama3.1-8b", "llama3.1-70b", "qwen3-32b")
 #: silicon_sample ``gemm_quant`` -> servesim weight format; a missing value is an unquantised BF16 checkpoint. The file
 #: labels gpt-oss's MXFP4 checkpoint ``nvfp4`` (its Hopper runs too, which have no FP4 Tensor cores, see
 #: :data:`MXFP4_CHECKPOINTS`); other models' ``nvfp4`` rows are NVIDIA's NVFP4 checkpoints, replayed where servesim
-#: models the checkpoint (NVFP4 routed experts alone) and reported skipped with the expansion's reason elsewhere.
+#: models the release (servesim.models.memory.NVFP4_LINEAR_ROLES) and reported skipped with the expansion's reason
+#: elsewhere.
 #: ``int4_wo`` is Kimi-K2.5's checkpoint of INT4 weight-only experts (servesim's ``int4``).
 _GEMM_QUANT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8-block", "nvfp4": "nvfp4",
                       "int4_wo": "int4"}

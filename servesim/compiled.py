@@ -59,15 +59,21 @@ def _announce() -> None:
         pass
 
 
+def cache_index(dispatcher) -> dict | None:
+    """The disk cache's index of a compiled loop (its cached signatures; empty when the cache was made from another
+    version of the source, which numba stamps it with a hash of), or None when there is none to read."""
+    try:
+        return dispatcher._cache._cache_file._load_index()
+    except (AttributeError, OSError, EOFError, ValueError):
+        return None
+
+
 def cache_is_cold() -> bool:
     """Whether the loops of this module are missing from the disk cache or cached for another version of their
-    source (numba stamps a cache with a hash of the source file): a read of a small index file. A new install, a
-    new ``NUMBA_CACHE_DIR`` or an upgrade leaves every module's loops cold at once, so this module stands for all
-    of them (a stale loop elsewhere is caught by :class:`_CompileListener`)."""
-    try:
-        return not pairwise_sum._cache._cache_file._load_index()
-    except (AttributeError, OSError, EOFError, ValueError):
-        return True
+    source: a read of a small index file (:func:`cache_index`). A new install, a new ``NUMBA_CACHE_DIR`` or an
+    upgrade leaves every module's loops cold at once, so this module stands for all of them (a stale loop elsewhere
+    is caught by :class:`_CompileListener`)."""
+    return not cache_index(pairwise_sum)
 
 
 def announce_if_cold() -> None:
@@ -199,5 +205,5 @@ def stable_argsort(values: np.ndarray, descending: bool) -> np.ndarray:
 
 announce_if_cold()
 
-__all__ = ["COMPILE_NOTICE", "announce_if_cold", "binary_ufunc", "cache_is_cold", "jit", "pairwise_sum",
-           "stable_argsort"]
+__all__ = ["COMPILE_NOTICE", "announce_if_cold", "binary_ufunc", "cache_index", "cache_is_cold", "jit",
+           "pairwise_sum", "stable_argsort"]

@@ -76,14 +76,17 @@ def _is_cold(entry: EntryPoint) -> bool:
     """Whether the loop is missing from the disk cache for its listed types and this machine, or cached for
     another version of its source (numba's own lookup, without loading the code). With numba's JIT disabled
     (``NUMBA_DISABLE_JIT``) the loop is plain Python and nothing is cold."""
+    from servesim.compiled import cache_index
+
     dispatcher = _dispatcher(entry)
     if not hasattr(dispatcher, "compile"):
         return False
+    index = cache_index(dispatcher)
+    if index is None:
+        return True
     try:
-        cache = dispatcher._cache
-        key = cache._index_key(_signature(entry), dispatcher.targetctx.codegen())
-        return key not in cache._cache_file._load_index()
-    except (AttributeError, OSError, EOFError, ValueError):
+        return dispatcher._cache._index_key(_signature(entry), dispatcher.targetctx.codegen()) not in index
+    except (AttributeError, OSError):  # the source file's hash is part of the key
         return True
 
 

@@ -209,6 +209,18 @@ def test_fit_recovers_constants_that_generated_the_measurements(rows: pd.DataFra
     assert result.overheads["sglang"].per_seq_us == pytest.approx(6.0, rel=1e-6)
 
 
+def test_replay_on_several_processes_gives_the_rows_of_one_process(rows: pd.DataFrame) -> None:
+    """Rows and refusals come back in the order of the cases, equal to a replay in one process."""
+    sglang, vllm = (silicon_case(_row(rows, row_id)) for row_id in (SGLANG_ROW, VLLM_SYNC_ROW))
+    no_fit = replace(vllm, case_id="no-fit", preset="llama3.1-70b", tp=1)  # 140 GB of weights on one H100
+    cases = [sglang, no_fit, vllm, replace(sglang, case_id="again")]
+    serial = replay(cases, "roofline")
+    parallel = replay(cases, "roofline", jobs=2)
+    assert parallel == serial
+    assert [row["case_id"] for row in parallel[0]] == [SGLANG_ROW, VLLM_SYNC_ROW, "again"]
+    assert [s.case_id for s in parallel[1]] == ["no-fit"]
+
+
 def test_cli_replays_one_row_end_to_end(tmp_path) -> None:
     plot = tmp_path / "scatter.png"
     result = CliRunner().invoke(main, ["validate", "silicon", "--row-id", SGLANG_ROW, "--estimator", "roofline",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +52,10 @@ _SKIPPED_COLUMNS = (Column("reason", "reason", align="<"), Column("rows", "rows"
                     Column("example", "example run", align="<"))
 
 
+jobs_option = click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+                           help="Processes replaying the runs [default: the CPU count].")
+
+
 def _progress(total: int, label: str) -> tuple[Callable[..., None], Callable[[], None]]:
     """(tick, close): a progress bar on stderr when it is a terminal, else nothing."""
     if not sys.stderr.isatty():
@@ -95,7 +100,8 @@ def validate_group() -> None:
 
 
 @validate_group.command("silicon")
-@click.option("--gpu", "gpus", multiple=True, help="GPU (repeatable) [default: H100-SXM and H200].")
+@click.option("--gpu", "gpus", multiple=True,
+              help="GPU (repeatable) [default: H100-SXM, H200, B200, B300 and GB200].")
 @click.option("--engine", "engines", multiple=True, type=click.Choice(tuple(ENGINES)),
               help="Engine (repeatable) [default: every one in the registry].")
 @click.option("--model", "models", multiple=True, help="Hugging Face id or preset (repeatable) [default: all].")
@@ -107,8 +113,10 @@ def validate_group() -> None:
               help="Write the predicted-vs-measured scatter plot (PNG).")
 @click.option("--rows-csv", type=OutputFile(), default=None,
               help="Write every replayed row with its predictions and errors.")
+@jobs_option
 @output_format_options
-def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_path, rows_csv, output_format) -> None:
+def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_path, rows_csv, jobs,
+                    output_format) -> None:
     """Replay aiconfigurator-core's measured vLLM/SGLang runs (silicon_sample.csv, aggregated mode) and report
     TTFT and TPOT errors per GPU, engine, model and TP, on the calibration's training and test rows.
 
@@ -145,7 +153,7 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         rows = rows[rows["id"].isin(row_ids)]
     cases, skipped = silicon_cases(rows)
     tick, close = _progress(len(cases), "replaying")
-    replayed, refused = replay(cases, estimator, on_case=tick)
+    replayed, refused = replay(cases, estimator, on_case=tick, jobs=jobs or os.cpu_count() or 1)
     close()
     skipped += refused
     frame = pd.DataFrame(replayed)
@@ -259,9 +267,10 @@ def ops_command(vidur_root, gpus, estimators, output_format) -> None:
                    "server's prefix cache served the repeats [default: every prompt distinct].")
 @engine_behaviour_options
 @estimator_option
+@jobs_option
 @output_format_options
 def results_command(files, model, gpu, engine, tp, pp, dtype, max_num_seqs, max_num_batched_tokens, prompt_cycle,
-                    prefix_caching, async_scheduling, estimator, output_format) -> None:
+                    prefix_caching, async_scheduling, estimator, jobs, output_format) -> None:
     """Replay your own 'vllm bench serve --save-result' JSON files, GuideLLM JSON reports or inference-perf
     report folders and compare.
 
@@ -278,7 +287,7 @@ def results_command(files, model, gpu, engine, tp, pp, dtype, max_num_seqs, max_
     flags = ServerFlags(max_num_seqs, max_num_batched_tokens, prefix_caching, async_scheduling, prompt_cycle)
     cases, not_comparable = result_cases(files, Deployment(model, gpu, engine, tp, pp, dtype), flags=flags)
     tick, close = _progress(len(cases), "replaying")
-    rows, skipped = replay(cases, estimator, on_case=tick)
+    rows, skipped = replay(cases, estimator, on_case=tick, jobs=jobs or os.cpu_count() or 1)
     close()
     skipped = not_comparable + skipped
     if not rows:

@@ -203,19 +203,66 @@ def replay(
     overheads: Mapping[str, HostOverhead] | None = None,
     on_case: Callable[[ServingCase], None] | None = None,
     step_models: StepModels | None = None,
+    jobs: int = 1,
 ) -> tuple[list[dict[str, object]], list[Skipped]]:
-    """Replay every case; returns the rows of the simulated ones and the cases the simulator refused.
+    """Replay every case; returns the rows of the simulated ones and the cases the simulator refused, both in the
+    order of ``cases``.
 
     ``overheads`` (engine -> constants) overrides the shipped host-overhead table; ``on_case`` is called after
-    each case (progress reporting). Pass ``step_models`` to reuse step-time memos across calls.
+    each case (progress reporting). Pass ``step_models`` to reuse step-time memos across calls. ``jobs`` above 1
+    replays on that many processes (:func:`replay_groups`), with the same rows.
     """
-    rows, skipped = [], []
-    for case, outcome in replay_results(cases, step_models or StepModels(estimator, overheads), on_case):
-        if isinstance(outcome, Skipped):
-            skipped.append(outcome)
-        else:
-            rows.append(case_row(case, outcome.summary()))
-    return rows, skipped
+    if jobs > 1 and step_models is None:
+        outcomes = replay_groups(cases, estimator, overheads, jobs, on_case)
+    else:
+        outcomes = [_outcome(case, result)
+                    for case, result in replay_results(cases, step_models or StepModels(estimator, overheads), on_case)]
+    rows = [outcome for outcome in outcomes if not isinstance(outcome, Skipped)]
+    return rows, [outcome for outcome in outcomes if isinstance(outcome, Skipped)]
+
+
+def _outcome(case: ServingCase, result: SimulationResult | Skipped) -> dict[str, object] | Skipped:
+    return result if isinstance(result, Skipped) else case_row(case, result.summary())
+
+
+def _timing_group(case: ServingCase) -> tuple:
+    """What decides which step-time model a case uses (:meth:`StepModels.get`), read without building it: cases
+    of one group share their kernel and step-time memos, so a process replays a whole group."""
+    return (case.engine, case_release(case), case.preset, case.gpu, case.tp, case.pp, case.ep, case.dtype,
+            case.kv_cache_dtype, case.mxfp4_moe_backend, case.moe_backend)
+
+
+def _replay_group(task: tuple[Sequence[ServingCase], str, Mapping[str, HostOverhead] | None]
+                  ) -> list[dict[str, object] | Skipped]:
+    cases, estimator, overheads = task
+    return [_outcome(case, result) for case, result in replay_results(cases, StepModels(estimator, overheads))]
+
+
+def replay_groups(cases: Sequence[ServingCase], estimator: str, overheads: Mapping[str, HostOverhead] | None,
+                  jobs: int, on_case: Callable[[ServingCase], None] | None = None
+                  ) -> list[dict[str, object] | Skipped]:
+    """The outcome of each case (its row, or why it was refused), in the order of ``cases``, replayed on ``jobs``
+    processes: one task per group of cases that time steps alike (:func:`_timing_group`), the largest first, so
+    each step-time model is built once and the processes finish together. Every simulation is deterministic, so
+    the rows equal a replay in one process."""
+    from servesim.planner.executor import LocalExecutor
+
+    groups: dict[tuple, list[int]] = {}
+    for index, case in enumerate(cases):
+        groups.setdefault(_timing_group(case), []).append(index)
+    members = sorted(groups.values(), key=len, reverse=True)
+    tasks = [([cases[i] for i in indices], estimator, overheads) for indices in members]
+
+    def done(task_index: int) -> None:
+        if on_case is not None:
+            for i in members[task_index]:
+                on_case(cases[i])
+
+    outcomes: list[dict[str, object] | Skipped | None] = [None] * len(cases)
+    for indices, results in zip(members, LocalExecutor(jobs).map(_replay_group, tasks, on_done=done)):
+        for i, outcome in zip(indices, results):
+            outcomes[i] = outcome
+    return outcomes
 
 
 def replay_results(

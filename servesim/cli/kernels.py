@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from servesim.cli.output import Column, emit, output_format_options
-from servesim.cli.params import DIMENSION, engine_option, ep_option
+from servesim.cli.params import DIMENSION, dp_option, engine_option, ep_option
 from servesim.kernels.batch import BATCH_SYNTAX_HELP
 
 COLUMNS = (
@@ -65,6 +65,7 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 @click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline-parallel size.")
 @ep_option
+@dp_option
 @click.option("--stage", default=0, show_default=True, type=int, help="Pipeline stage to show (0-based).")
 @click.option("--dtype", default="bf16", show_default=True,
               help="Weights: bf16, fp16, fp8 (W8A8 per-tensor), fp8-block (W8A8, 128x128 blocks), mxfp4 (gpt-oss experts), int4 (Kimi-K2.5 experts) or nvfp4 (NVIDIA's NVFP4 releases, Blackwell).")
@@ -72,8 +73,8 @@ def _json_op(layer: int | None, op: Any) -> dict[str, Any]:
 @click.option("--all-layers", is_flag=True, help="List every layer instead of grouping identical layers.")
 @output_format_options
 def kernels_command(
-    model_ref: str, engine: str, gpu_name: str, tp: int, pp: int, ep: int, stage: int, dtype: str, batch_text: str,
-    all_layers: bool, output_format: str,
+    model_ref: str, engine: str, gpu_name: str, tp: int, pp: int, ep: int, dp: int, stage: int, dtype: str,
+    batch_text: str, all_layers: bool, output_format: str,
 ) -> None:
     """Show the kernels one engine step launches on one GPU: shapes, FLOPs, bytes moved, collectives, totals.
 
@@ -90,16 +91,16 @@ def kernels_command(
 
     model = get_model(model_ref)
     gpu = get_gpu(gpu_name)
-    check_layout(model, gpu, Parallelism(tp, pp, ep))
+    check_layout(model, gpu, Parallelism(tp, pp, ep, dp))
     batch = parse_batch(batch_text)
     check_context(model, batch.kv_lens, fix="shorten the batch's requests")
     engine_class, release = parse_engine(engine)
-    engine_class.check_expert_parallel(Parallelism(tp, pp, ep))
-    step = expand(release.engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype, ep=ep)
+    engine_class.check_expert_parallel(Parallelism(tp, pp, ep, dp))
+    step = expand(release.engine, model, gpu, batch, tp=tp, pp=pp, stage=stage, dtype=dtype, ep=ep, dp=dp)
     n_kernels, n_collectives = len(step.kernels), len(step.collectives)
     title = (
         f"{model.name} on {gpu.name}, {release.label} (kernels of {step.engine} {step.engine_version}), "
-        f"tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''} stage {stage} (layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
+        f"tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''}{f' dp={dp}' if dp > 1 else ''} stage {stage} (layers {step.first_layer}-{step.end_layer - 1}), {dtype}: {batch.describe()} -> {batch.num_tokens} tokens"
     )
     graph = step.graph_mode if not step.in_cuda_graph else f"{step.graph_mode} (padded to {step.padded_tokens} tokens)"
     notes = (
@@ -110,7 +111,7 @@ def kernels_command(
     payload = {
         "model": model.name, "gpu": gpu.name, "engine": step.engine, "release": release.label,
         "engine_version": step.engine_version,
-        "tp": tp, "pp": pp, "ep": ep, "stage": stage, "dtype": dtype, "batch": batch.describe(),
+        "tp": tp, "pp": pp, "ep": ep, "dp": dp, "stage": stage, "dtype": dtype, "batch": batch.describe(),
         "num_tokens": batch.num_tokens, "first_layer": step.first_layer, "end_layer": step.end_layer,
         "attention_backend": step.attention_backend, "cuda_graph": step.graph_mode,
         "padded_tokens": step.padded_tokens,

@@ -144,8 +144,17 @@ def ep_option(func):
                              "--ep-size: a divisor of TP). MoE models only.")(func)
 
 
-def plan_ep(ctx, param, text: str) -> int | None:
-    """Click callback of plan's ``--ep``: a positive integer, or ``search`` (None)."""
+def dp_option(func):
+    """Add ``--dp``: attention data-parallel ranks sharing a MoE model's TP group (1: none)."""
+    return click.option("--dp", default=1, show_default=True, type=DIMENSION,
+                        help="Attention data parallelism: split the TP GPUs into this many ranks, each with its own "
+                             "requests, KV cache and attention over TP/DP GPUs, joined for the MoE layers (vLLM "
+                             "--data-parallel-size DP --tensor-parallel-size TP/DP; SGLang --dp-size DP "
+                             "--enable-dp-attention). MoE models only.")(func)
+
+
+def plan_degree(ctx, param, text: str) -> int | None:
+    """Click callback of plan's ``--ep`` and ``--dp``: a positive integer, or ``search`` (None)."""
     if text.strip().lower() == "search":
         return None
     try:
@@ -153,8 +162,9 @@ def plan_ep(ctx, param, text: str) -> int | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise click.BadParameter(f"{text!r} is neither a positive integer nor 'search'; use e.g. --ep 1, --ep 8 or "
-                                 f"--ep search")
+        flag = f"--{param.name}"
+        raise click.BadParameter(f"{text!r} is neither a positive integer nor 'search'; use e.g. {flag} 1, {flag} 8 "
+                                 f"or {flag} search")
     return value
 
 

@@ -18,6 +18,7 @@ from servesim.cli.params import (
     SEED,
     OutputFile,
     engine_behaviour_options,
+    dp_option,
     ep_option,
     moe_backend_option,
     mxfp4_moe_backend_option,
@@ -45,6 +46,7 @@ def _engine_options(func):
         click.option("--tp", default=1, show_default=True, type=DIMENSION, help="Tensor-parallel size."),
         click.option("--pp", default=1, show_default=True, type=DIMENSION, help="Pipeline stages."),
         ep_option,
+        dp_option,
         engine_option,
         click.option("--dtype", default="bf16", show_default=True, help="Weights: bf16, fp16, fp8, fp8-block, mxfp4, int4 or nvfp4 (see servesim plan --help)."),
         estimator_option,
@@ -65,7 +67,7 @@ def _engine_options(func):
     return func
 
 
-def _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+def _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
            gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend,
            moe_backend, scheduler_recv_interval):
     """The deployment the options describe and its step-time model."""
@@ -76,9 +78,9 @@ def _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_se
     from servesim.serving.step_time import StepTimeModel
 
     model, gpu = get_model(model_ref), get_gpu(gpu_name)
-    check_layout(model, gpu, Parallelism(tp, pp, ep))
+    check_layout(model, gpu, Parallelism(tp, pp, ep, dp))
     deployment = build_deployment(
-        model, gpu, Parallelism(tp, pp, ep), engine, dtype, estimator,
+        model, gpu, Parallelism(tp, pp, ep, dp), engine, dtype, estimator,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
@@ -169,7 +171,7 @@ def _overload(result, workload) -> dict:
 @click.option("--trace", "trace_path", type=OutputFile(), default=None,
               help="Write a Chrome trace of the steps (open in chrome://tracing or Perfetto).")
 @output_format_options
-def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
+def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                      max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
                      scheduler_recv_interval, prefix_caching, async_scheduling, source, num_requests,
                      columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
@@ -185,7 +187,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, 
     from servesim.workloads import build_workload, parse_columns
 
     mapping = parse_columns(columns) if columns else None
-    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
+    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
                                     async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
@@ -239,7 +241,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, 
 @click.option("--input-len", type=DIMENSION, default=32, show_default=True)
 @click.option("--output-len", type=DIMENSION, default=128, show_default=True)
 @output_format_options
-def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
+def latency_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
                     scheduler_recv_interval, prefix_caching, async_scheduling, batch_size, input_len,
                     output_len, output_format) -> None:
@@ -254,7 +256,7 @@ def latency_command(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, m
     from servesim.serving.step_time import StepTimeModel
     from servesim.workloads import build_workload
 
-    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, engine, dtype, estimator, max_num_seqs,
+    deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
                                     async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings

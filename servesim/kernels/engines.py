@@ -116,6 +116,11 @@ class EngineKernels:
     #: MoE as one more expert every token picks (SGLang's shared-experts fusion), rather than as a dense MLP beside
     #: it, when the experts are not split over expert-parallel ranks (:meth:`fuses_shared_expert`).
     fused_shared_experts: tuple[tuple[str, int, int], ...] = ()
+    #: With attention data parallelism, the dense MLPs and shared experts run on every rank's tokens gathered and
+    #: split over the whole TP group (SGLang's default ``moe_dense_tp_size`` None: ``ScatterMode.FULL``,
+    #: srt/layers/communicator.py), rather than on the rank's own tokens over its attention GPUs (vLLM, whose
+    #: tensor-parallel group is one data-parallel rank's).
+    dp_mlp_over_group: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_backends", MappingProxyType(dict(self.attention_backends)))
@@ -287,6 +292,7 @@ SGLANG = SglangKernels(
     # expert parallelism, W4AFP8 or DeepEP; server_args.py disables it under the FlashInfer TRT-LLM MoE runner.
     # Kimi-K2 (384 experts) and DeepSeek-V3.2 (another architecture) keep their shared expert apart.
     fused_shared_experts=(("deepseek_v3", 256, 1),),
+    dp_mlp_over_group=True,
 )
 
 ENGINE_KERNELS: dict[str, EngineKernels] = {e.name: e for e in (VLLM, SGLANG)}

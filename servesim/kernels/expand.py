@@ -180,9 +180,9 @@ def _names(ops: tuple[Op, ...]) -> tuple[str, ...]:
     return tuple(op.name for op in ops)
 
 
-def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1) -> None:
-    """Raise a ServesimError for a TP/PP/EP layout the engines refuse or a stage outside it."""
-    validate_parallelism(model, Parallelism(tp, pp, ep))
+def check_parallelism(model: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1, dp: int = 1) -> None:
+    """Raise a ServesimError for a TP/PP/EP/DP layout the engines refuse or a stage outside it."""
+    validate_parallelism(model, Parallelism(tp, pp, ep, dp))
     if not 0 <= stage < pp:
         raise ServesimError(f"--stage {stage} is outside 0..{pp - 1} for pp={pp}")
 
@@ -201,7 +201,7 @@ class _Ctx:
     model: ModelConfig
     gpu: GpuTraits
     batch: BatchSpec
-    tp: int
+    tp: int  # the GPUs attention and the dense layers are split over (one attention data-parallel rank's)
     weights: str
     act: str  # activation dtype
     kv: str  # KV-cache dtype
@@ -212,6 +212,12 @@ class _Ctx:
     mxfp4_moe: str = "triton"  # the MoE kernel MXFP4 experts run on (MXFP4_MOE_BACKENDS but auto)
     ep: int = 1  # the GPUs of the TP group the routed experts are split over
     trtllm_moe: bool = False  # the routed experts run on FlashInfer's TRT-LLM fused MoE
+    dp: int = 1  # attention data-parallel ranks joining in the MoE layers (the TP group is tp * dp GPUs)
+
+    @property
+    def moe_gpus(self) -> int:
+        """The GPUs a MoE layer spans: the whole TP group."""
+        return self.tp * self.dp
 
     def all_reduce(self, name: str, width: int | None = None, dtype: str | None = None) -> list[Collective]:
         """The TP all-reduce of ``width`` values per token in ``dtype`` (default: the hidden states)."""
@@ -366,14 +372,25 @@ def busiest_rank(mean: float, variance: float, ranks: int) -> float:
 
 
 def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
-    model, t = ctx.model, ctx.tokens
+    """The layer's MLP: dense, or routed experts beside shared ones. With attention data parallelism the ranks
+    gather their tokens for the experts (:func:`_dp_moe_collectives`); the dense and shared MLPs run on the rank's
+    own tokens over its attention GPUs (vLLM) or on the gathered ones over the whole group (SGLang,
+    ``EngineKernels.dp_mlp_over_group``)."""
+    model = ctx.model
+    gather, scatter = _dp_moe_collectives(ctx) if model.is_moe_layer(layer) or ctx.engine.dp_mlp_over_group else ([], [])
+    # every rank's tokens, as many as this one's (docs/parallelism.md)
+    t = ctx.tokens * ctx.dp if gather else ctx.tokens
+    # The dense and shared MLPs' GPUs and tokens: the gathered ones where they run over the whole group.
+    over_group = bool(gather) and ctx.engine.dp_mlp_over_group
+    mlp_tp, mlp_t = (ctx.moe_gpus, t) if over_group else (ctx.tp, ctx.tokens)
     if not model.is_moe_layer(layer):
-        inter = model.intermediate_size // ctx.tp
+        inter = model.intermediate_size // mlp_tp
         return [
-            *ctx.linear("gate_up_proj", n=2 * inter, k=model.hidden_size),
-            SiluMul(tokens=t, dim=inter, dtype=ctx.act, name="act_fn"),
-            *ctx.linear("down_proj", n=model.hidden_size, k=inter),
-            *ctx.all_reduce("mlp.all_reduce"),
+            *gather,
+            *ctx.linear("gate_up_proj", n=2 * inter, k=model.hidden_size, rows=mlp_t),
+            SiluMul(tokens=mlp_t, dim=inter, dtype=ctx.act, name="act_fn"),
+            *ctx.linear("down_proj", n=model.hidden_size, k=inter, rows=mlp_t),
+            *(scatter or ctx.all_reduce("mlp.all_reduce")),
         ]
     experts, top_k = model.num_experts, model.num_experts_per_tok
     reached = reached_experts(t, top_k, experts, ctx.ep)
@@ -386,7 +403,13 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
                     and not (marlin or ctx.trtllm_moe or flashinfer_mxfp4))
     if fused_shared:  # the shared expert is one more expert of the fused MoE, which every token picks
         reached, top_k, routed = reached + 1, top_k + 1, (*routed, t)
+    shared = [] if fused_shared else _shared_experts(ctx, mlp_t, mlp_tp)
+    # The layer's all-reduce sums the experts' and shared experts' partial outputs over TP; with the ranks
+    # gathered, the reduce-scatter sums the experts', and the shared experts' need one over the rank's GPUs
+    # unless they ran over the whole group.
+    reduce = ctx.all_reduce("moe.all_reduce") if not scatter or (shared and not over_group) else []
     return [
+        *gather,
         # The router stays unquantised in both engines (ReplicatedLinear with quant_config=None). MiniMax-M2 keeps
         # it in FP32, which this BF16 GEMM leaves out (docs/models.md).
         Gemm(m=t, n=experts, k=model.hidden_size, bias=model.moe_bias, dtype=ctx.act, out_dtype=ctx.act,
@@ -403,7 +426,7 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             num_experts=reached,
             top_k=top_k,
             hidden=model.hidden_size,
-            intermediate=model.moe_intermediate_size // (ctx.tp // ctx.ep),
+            intermediate=model.moe_intermediate_size // (ctx.moe_gpus // ctx.ep),
             expert_tokens=routed,
             dtype=("fp4" if nvfp4 else "fp8" if scale or (flashinfer_mxfp4 and ctx.mxfp4_moe == "flashinfer-mxfp8")
                    else ctx.act),
@@ -413,26 +436,45 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
             name="experts",
             **({"global_experts": experts} if marlin and ctx.ep > 1 else {}),
         ),
-        *(() if fused_shared else _shared_experts(ctx)),
-        *ctx.all_reduce("moe.all_reduce"),
+        *(shared if over_group else ()),
+        *scatter,
+        *(() if over_group else shared),
+        *reduce,
     ]
 
 
-def _shared_experts(ctx: _Ctx) -> list[Op]:
-    """DeepSeekMoE's shared experts: one TP-sharded dense MLP of ``moe_intermediate_size x n_shared_experts`` on
-    every token, its output added to the routed experts' before the layer's one all-reduce (vLLM and SGLang
-    ``DeepseekV2MoE``: ``shared_experts`` built with ``reduce_results=False``)."""
+def _dp_moe_collectives(ctx: _Ctx) -> tuple[list[Collective], list[Collective]]:
+    """With attention data parallelism, the MoE layer's gather of every rank's hidden states and the reduce-scatter
+    that hands each rank the sum of its tokens' expert outputs, both over the TP group (vLLM's default
+    ``allgather_reducescatter`` all2all backend, ``dispatch``/``combine``; SGLang's ``dp_gather``/``dp_scatter``);
+    none without it, the layer's all-reduce doing both."""
+    if ctx.dp == 1:
+        return [], []
+    gathered = int(ctx.tokens * ctx.dp * ctx.model.hidden_size * dtype_bytes(ctx.act))
+    return ([Collective(op="all_gather", bytes=gathered, group_size=ctx.moe_gpus, dtype=ctx.act,
+                        name="moe.dp_gather")],
+            [Collective(op="reduce_scatter", bytes=gathered, group_size=ctx.moe_gpus, dtype=ctx.act,
+                        name="moe.dp_scatter")])
+
+
+
+
+def _shared_experts(ctx: _Ctx, tokens: int, tp: int) -> list[Op]:
+    """DeepSeekMoE's shared experts: one dense MLP of ``moe_intermediate_size x n_shared_experts`` sharded over
+    ``tp`` GPUs on ``tokens`` tokens (the step's, or every rank's gathered), its output added to the routed
+    experts' before the layer's one all-reduce (vLLM and SGLang ``DeepseekV2MoE``: ``shared_experts`` built with
+    ``reduce_results=False``)."""
     model = ctx.model
     if not model.n_shared_experts:
         return []
-    inter = model.shared_expert_intermediate_size // ctx.tp
+    inter = model.shared_expert_intermediate_size // tp
     ops: list[Op] = [
-        *ctx.linear("shared_experts.gate_up_proj", n=2 * inter, k=model.hidden_size),
-        SiluMul(tokens=ctx.tokens, dim=inter, dtype=ctx.act, name="shared_experts.act_fn"),
-        *ctx.linear("shared_experts.down_proj", n=model.hidden_size, k=inter),
+        *ctx.linear("shared_experts.gate_up_proj", n=2 * inter, k=model.hidden_size, rows=tokens),
+        SiluMul(tokens=tokens, dim=inter, dtype=ctx.act, name="shared_experts.act_fn"),
+        *ctx.linear("shared_experts.down_proj", n=model.hidden_size, k=inter, rows=tokens),
     ]
     if model.shared_expert_gate:  # Qwen3-Next: sigmoid(hidden @ w) scales the shared expert's output, unquantised
-        ops.append(Gemm(m=ctx.tokens, n=1, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act,
+        ops.append(Gemm(m=tokens, n=1, k=model.hidden_size, dtype=ctx.act, out_dtype=ctx.act,
                         name="shared_expert_gate"))
     return ops
 
@@ -883,13 +925,15 @@ def expand(
     mxfp4_moe_backend: str = "auto",
     ep: int = 1,
     moe_backend: str = "auto",
+    dp: int = 1,
 ) -> StepKernels:
     """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``, the
-    routed experts split over ``ep`` of the ``tp`` GPUs (:class:`servesim.models.parallel.Parallelism`).
+    routed experts split over ``ep`` of the ``tp`` GPUs, attention over ``tp / dp`` of them when ``dp`` attention
+    data-parallel ranks share the TP group, ``batch`` being one rank's (:class:`servesim.models.parallel.Parallelism`).
 
     ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
     default for the GPU), ``moe_backend`` that of BF16 and FP8 ones (``MOE_BACKENDS``). Memoised on (engine, model,
-    the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype, the MoE kernels, ep): a simulator calls
+    the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype, the MoE kernels, ep, dp): a simulator calls
     it for every step and repeated step shapes cost a dictionary look-up.
     """
     config = get_engine_kernels(engine)
@@ -897,9 +941,9 @@ def expand(
         raise ServesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ServesimError(f"unknown KV-cache dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
-    check_parallelism(model, tp, pp, stage, ep)
+    check_parallelism(model, tp, pp, stage, ep, dp)
     check_weight_format(model, dtype)
-    traits = gpu_traits(gpu, config.name, tp)
+    traits = gpu_traits(gpu, config.name, tp // dp)
     if dtype.startswith("fp8") and not traits.fp8_tensor_cores:
         raise ServesimError(
             f"{gpu.name} has no FP8 Tensor cores, so the engines cannot run W8A8 on it (they fall back to "
@@ -912,7 +956,7 @@ def expand(
     trtllm_moe = config.moe_backend(traits.architecture, model.model_type, served_weights(model, dtype),
                                     moe_backend) == "flashinfer-trtllm"
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe, ep,
-                          trtllm_moe)
+                          trtllm_moe, dp)
 
 
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
@@ -997,8 +1041,12 @@ def kv_storage_dtype(weights: str, kv_cache_dtype: str) -> str:
 def _context(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, dtype: str,
     kv_cache_dtype: str, plan: GraphPlan, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False,
+    dp: int = 1,
 ) -> _Ctx:
+    """The context of a step on one GPU of a ``tp``-GPU group whose ``dp`` attention data-parallel ranks each split
+    attention over ``tp / dp`` GPUs."""
     act = activation_dtype(dtype)
+    tp //= dp
     return _Ctx(
         engine=config,
         model=model,
@@ -1015,6 +1063,7 @@ def _context(
         mxfp4_moe=mxfp4_moe,
         ep=ep,
         trtllm_moe=trtllm_moe,
+        dp=dp,
     )
 
 
@@ -1031,6 +1080,7 @@ def step_part(
     tp: int = 1,
     dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
+    dp: int = 1,
 ) -> tuple[Op, ...]:
     """One part of :func:`expand`'s step for ``batch``, without expanding the rest, which lets step times be split
     (servesim/serving/step_time.py):
@@ -1044,9 +1094,9 @@ def step_part(
     if part not in STEP_PARTS:
         raise ServesimError(f"unknown step part {part!r}; choose one of {', '.join(STEP_PARTS)}")
     config = get_engine_kernels(engine)
-    traits = gpu_traits(gpu, config.name, tp)
+    traits = gpu_traits(gpu, config.name, tp // dp)
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp, bool(model.attention_chunk_size))
-    ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan)
+    ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan, dp=dp)
     if part == "sampled_rows":
         return tuple(_sampled_rows(ctx, plan))
     if model.is_dsa:  # the indexer's logits and top-k, the sparse attention kernels
@@ -1060,10 +1110,10 @@ def step_part(
 @functools.lru_cache(maxsize=8192)
 def _expand_cached(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
-    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False,
+    dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False, dp: int = 1,
 ) -> StepKernels:
     plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp, bool(model.attention_chunk_size))
-    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep, trtllm_moe)
+    ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep, trtllm_moe, dp)
     layers = stage_layers(model.num_layers, pp, stage)
     # Layer bodies by (is MoE, is sliding-window, is linear, uses RoPE), each built once (layer 0 differs, built
     # apart).

@@ -68,17 +68,21 @@ def dtype_bytes(dtype: str) -> int:
     return int(DTYPE_BYTES[dtype])
 
 
-def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_dtype: str = "bf16") -> float:
+def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_dtype: str = "bf16",
+                               expert_gpus: int | None = None, mlp_gpus: int | None = None) -> float:
     """Weight bytes of one layer on one GPU in the format ``weight_dtype`` (:data:`WEIGHT_FORMATS`).
 
-    Linear weights are sharded by TP (KV heads replicated beyond their count); norms, the router and the output
-    projection's and down projections' biases are whole on every GPU.
+    Linear weights are sharded by TP (KV heads replicated beyond their count), the routed experts over
+    ``expert_gpus`` and the dense and shared MLPs over ``mlp_gpus`` (both ``tp`` by default; where ``tp`` is one
+    attention data-parallel rank's GPUs, the experts take the whole TP group's, the MLPs as the engine runs them);
+    norms, the router and the output projection's and down projections' biases are whole on every GPU.
     """
     if weight_dtype not in WEIGHT_FORMATS:
         raise ServesimError(f"unknown weight format {weight_dtype!r}; use one of {', '.join(WEIGHT_FORMATS)}")
     expert_dtype = WEIGHT_FORMATS[weight_dtype][1]
+    expert_gpus, mlp_gpus = expert_gpus or tp, mlp_gpus or tp
     if model.is_mla:
-        return _mla_layer_weight_bytes_per_gpu(model, tp, layer, weight_dtype, expert_dtype)
+        return _mla_layer_weight_bytes_per_gpu(model, tp, layer, weight_dtype, expert_dtype, expert_gpus, mlp_gpus)
     hidden, head_dim = model.hidden_size, model.head_dim
     q_per_gpu = model.q_size / tp
     kv_per_gpu = kv_heads_per_gpu(model, tp) * head_dim
@@ -97,15 +101,15 @@ def layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_d
     other_bytes = other * 2 + (4 * model.num_attention_heads / tp if model.attention_sinks else 0)  # FP32 sinks
     experts = 0.0
     if model.is_moe_layer(layer):
-        inter = model.moe_intermediate_size / tp
+        inter = model.moe_intermediate_size / expert_gpus
         experts = model.num_experts * 3 * hidden * inter
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype]
-        linear["shared_experts"] = 3 * hidden * model.shared_expert_intermediate_size / tp
+        linear["shared_experts"] = 3 * hidden * model.shared_expert_intermediate_size / mlp_gpus
         other_bytes += hidden * 2 if model.shared_expert_gate else 0
         if model.moe_bias:
             other_bytes += model.num_experts * (1 + 2 * inter + hidden) * 2
     else:
-        linear["dense_mlp"] = 3 * hidden * model.intermediate_size / tp
+        linear["dense_mlp"] = 3 * hidden * model.intermediate_size / mlp_gpus
     return (_linear_bytes(model, weight_dtype, linear) + experts * expert_weight_bytes(model, expert_dtype)
             + other_bytes)
 
@@ -127,7 +131,7 @@ def _linear_mixer_weights_per_gpu(model: ModelConfig, tp: int) -> tuple[float, f
 
 
 def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, weight_dtype: str,
-                                    expert_dtype: str) -> float:
+                                    expert_dtype: str, expert_gpus: int, mlp_gpus: int) -> float:
     """One MLA/DeepSeekMoE layer on one GPU (vLLM ``deepseek_v2.py``): q_a_proj and kv_a_proj_with_mqa are
     replicated (every GPU projects the whole latent), q_b_proj, kv_b_proj and o_proj are split by head; the
     absorbed decode keeps a 16-bit copy of kv_b_proj's K and V halves (``W_UK_T``, ``W_UV``, made at load). The
@@ -147,11 +151,11 @@ def _mla_layer_weight_bytes_per_gpu(model: ModelConfig, tp: int, layer: int, wei
         other_bytes += (hidden * model.index_n_heads + 2 * model.index_head_dim) * 2
     experts = 0.0
     if model.is_moe_layer(layer):
-        experts = model.num_experts * 3 * hidden * model.moe_intermediate_size / tp
-        linear["shared_experts"] = 3 * hidden * model.shared_expert_intermediate_size / tp
+        experts = model.num_experts * 3 * hidden * model.moe_intermediate_size / expert_gpus
+        linear["shared_experts"] = 3 * hidden * model.shared_expert_intermediate_size / mlp_gpus
         other_bytes += hidden * model.num_experts * DTYPE_BYTES[model.router_dtype] + 4 * model.num_experts
     else:
-        linear["dense_mlp"] = 3 * hidden * model.intermediate_size / tp
+        linear["dense_mlp"] = 3 * hidden * model.intermediate_size / mlp_gpus
     return (_linear_bytes(model, weight_dtype, linear) + experts * expert_weight_bytes(model, expert_dtype)
             + other_bytes)
 
@@ -164,12 +168,16 @@ def expert_weight_bytes(model: ModelConfig, expert_dtype: str) -> float:
     return DTYPE_BYTES[expert_dtype]
 
 
-def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weight_dtype: str = "bf16") -> float:
+def weight_bytes_per_gpu(model: ModelConfig, par: Parallelism, stage: int, weight_dtype: str = "bf16",
+                         dp_mlp_over_group: bool = False) -> float:
     """Weight bytes one GPU of ``stage`` holds: its layers, plus the embedding (first stage) and the final norm and
-    LM head (last stage). Embedding and LM head are vocab-parallel over TP and stay 16-bit in every format."""
-    total = sum(layer_weight_bytes_per_gpu(model, par.tp, layer, weight_dtype)
+    LM head (last stage). Embedding and LM head are vocab-parallel over TP (an attention data-parallel rank's GPUs)
+    and stay 16-bit in every format. ``dp_mlp_over_group``: the engine splits the dense and shared MLPs over the
+    whole TP group under attention data parallelism (SGLang), not over a rank's GPUs (vLLM)."""
+    mlp_gpus = par.tp if dp_mlp_over_group else par.attention_tp
+    total = sum(layer_weight_bytes_per_gpu(model, par.attention_tp, layer, weight_dtype, par.tp, mlp_gpus)
                 for layer in stage_layers(model.num_layers, par.pp, stage))
-    vocab_rows = padded_vocab_per_gpu(model, par.tp)
+    vocab_rows = padded_vocab_per_gpu(model, par.attention_tp)
     if stage == 0:
         total += vocab_rows * model.hidden_size * 2
     if stage == par.pp - 1:
@@ -185,7 +193,7 @@ def _kv_bytes_per_token_of_layers(model: ModelConfig, par: Parallelism, layers: 
     DSA's indexer key (FP8 and its scales whatever the KV dtype: SGLang ``NSATokenToKVPool``)."""
     if model.is_mla:
         return layers * (model.mla_latent_dim * dtype_bytes(kv_dtype) + model.index_k_bytes)
-    return 2 * layers * kv_heads_per_gpu(model, par.tp) * model.head_dim * dtype_bytes(kv_dtype)
+    return 2 * layers * kv_heads_per_gpu(model, par.attention_tp) * model.head_dim * dtype_bytes(kv_dtype)
 
 
 def kv_bytes_per_token_per_gpu(model: ModelConfig, par: Parallelism, stage: int, kv_dtype: str = "bf16") -> float:
@@ -201,7 +209,7 @@ def linear_state_bytes_per_request_per_gpu(model: ModelConfig, par: Parallelism,
     context: conv window (16-bit) and SSM state (``linear_state_dtype``), both split by TP over heads/channels."""
     layers = stage_layers(model.num_layers, par.pp, stage)
     linear = sum(1 for layer in layers if model.is_linear_layer(layer))
-    per_layer = model.linear_state_bytes(DTYPE_BYTES[model.linear_state_dtype]) / par.tp if linear else 0.0
+    per_layer = model.linear_state_bytes(DTYPE_BYTES[model.linear_state_dtype]) / par.attention_tp if linear else 0.0
     return linear * per_layer
 
 
@@ -302,8 +310,10 @@ def plan_memory(
     block_size: int,
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
+    dp_mlp_over_group: bool = False,
 ) -> MemoryPlan:
-    """KV capacity per GPU on the stage with the least room (stages differ by the embedding and LM head)."""
+    """KV capacity per GPU on the stage with the least room (stages differ by the embedding and LM head); with
+    attention data parallelism, one rank's pool (``dp_mlp_over_group`` as in :func:`weight_bytes_per_gpu`)."""
     validate_parallelism(model, par)
     if not 0 < memory_fraction <= 1:
         raise ServesimError(f"memory fraction {memory_fraction} must be in (0, 1]")
@@ -314,7 +324,7 @@ def plan_memory(
         if not per_token:
             raise ServesimError(f"pipeline stage {stage} of {par} holds only sliding-window layers of {model.name}; "
                                 f"servesim counts KV in full-attention layers, so give each stage one (fewer stages)")
-        weights = weight_bytes_per_gpu(model, par, stage, weight_dtype)
+        weights = weight_bytes_per_gpu(model, par, stage, weight_dtype, dp_mlp_over_group)
         plans.append(
             MemoryPlan(
                 gpu_memory_bytes=gpu_memory_bytes,

@@ -16,12 +16,18 @@ VOCAB_PADDING = 64
 class Parallelism:
     """A replica's layout: ``tp`` GPUs per pipeline stage, ``pp`` stages, and the MoE experts of each stage split
     over ``ep`` of its ``tp`` GPUs (expert parallelism inside the TP group: vLLM ``--enable-expert-parallel``, SGLang
-    ``--ep-size``), each expert's intermediate width over the other ``tp / ep``. Attention and the dense layers stay
-    tensor-parallel over all ``tp``; every GPU holds the same bytes of expert weights either way."""
+    ``--ep-size``), each expert's intermediate width over the other ``tp / ep``. Every GPU holds the same bytes of
+    expert weights either way.
+
+    Attention and the dense layers are tensor-parallel over all ``tp`` GPUs, or, with attention data parallelism
+    (``dp`` > 1: vLLM ``--data-parallel-size``, SGLang ``--dp --enable-dp-attention``), over ``tp / dp`` of them:
+    the ``tp`` GPUs form ``dp`` ranks, each with its own scheduler, requests and KV cache, that join for the MoE
+    layers (docs/parallelism.md)."""
 
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    dp: int = 1
 
     @property
     def num_gpus(self) -> int:
@@ -32,17 +38,24 @@ class Parallelism:
         """The GPUs each expert's intermediate width is split over."""
         return self.tp // self.ep
 
+    @property
+    def attention_tp(self) -> int:
+        """The GPUs attention and the dense layers are split over: one data-parallel rank's."""
+        return self.tp // self.dp
+
     def __str__(self) -> str:
-        return f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "") + (f" EP{self.ep}" if self.ep > 1 else "")
+        return (f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "") + (f" EP{self.ep}" if self.ep > 1 else "")
+                + (f" DP{self.dp}" if self.dp > 1 else ""))
 
 
 #: The largest TP or TP × PP suggested when no GPU bounds a layout: a replica of eight 8-GPU nodes.
 UNBOUNDED_SUGGESTION_GPUS = 64
 
 
-def _tp_problem(model: ModelConfig, tp: int, ep: int = 1) -> str | None:
-    """Why the engines refuse tensor parallelism ``tp`` (with experts over ``ep`` of its GPUs) for ``model`` (heads,
-    KV heads, sharded widths), or None."""
+def _tp_problem(model: ModelConfig, tp: int, ep: int = 1, dp: int = 1) -> str | None:
+    """Why the engines refuse tensor parallelism ``tp`` (with experts over ``ep`` of its GPUs, attention over
+    ``tp / dp`` of them) for ``model`` (heads, KV heads, sharded widths), or None."""
+    moe_tp, tp = tp // ep, tp // dp
     heads = model.num_attention_heads
     if heads % tp:
         return f"TP={tp} does not divide the {heads} attention heads of {model.name}"
@@ -59,9 +72,23 @@ def _tp_problem(model: ModelConfig, tp: int, ep: int = 1) -> str | None:
     for what, width in widths.items():
         if width % tp:
             return f"TP={tp} does not divide the {what} of {model.name} ({width})"
-    if model.is_moe and model.moe_intermediate_size % (tp // ep):
-        split = f"TP={tp}" if ep == 1 else f"TP/EP={tp // ep}"
+    if model.is_moe and model.moe_intermediate_size % moe_tp:
+        split = f"TP={moe_tp}" if ep == 1 else f"TP/EP={moe_tp}"
         return f"{split} does not divide the moe_intermediate_size of {model.name} ({model.moe_intermediate_size})"
+    return None
+
+
+def _dp_problem(model: ModelConfig, par: Parallelism) -> str | None:
+    """Why attention data parallelism ``par.dp`` cannot split ``par.tp`` GPUs into ranks, or None."""
+    if par.dp == 1:
+        return None
+    if not model.is_moe:
+        return (f"--dp (attention data parallelism) joins its ranks in MoE layers, and {model.name} has no experts; "
+                f"serve copies of it with --replicas instead and drop --dp")
+    if par.tp % par.dp:
+        return f"DP={par.dp} does not divide TP={par.tp} (the ranks share the TP group's GPUs); use --dp {par.tp}"
+    if par.pp > 1:
+        return f"servesim models attention data parallelism inside one pipeline stage, not with PP={par.pp}; use --pp 1"
     return None
 
 
@@ -91,9 +118,10 @@ def validate_parallelism(model: ModelConfig, par: Parallelism, max_gpus: int | N
     """Raise a :class:`ServesimError` for a layout the engines refuse, or one of more than ``max_gpus`` GPUs (the
     GPUs of ``where``). Every command checks layouts here, so each refuses the same ones, and each message's
     suggestions are layouts this check accepts."""
-    if par.tp < 1 or par.pp < 1 or par.ep < 1:
-        raise ServesimError(f"TP, PP and EP must be at least 1 (got TP={par.tp}, PP={par.pp}, EP={par.ep})")
-    problem = _ep_problem(model, par)
+    if par.tp < 1 or par.pp < 1 or par.ep < 1 or par.dp < 1:
+        raise ServesimError(f"TP, PP, EP and DP must be at least 1 (got TP={par.tp}, PP={par.pp}, EP={par.ep}, "
+                            f"DP={par.dp})")
+    problem = _ep_problem(model, par) or _dp_problem(model, par)
     if problem is not None:
         raise ServesimError(problem)
 
@@ -104,8 +132,11 @@ def validate_parallelism(model: ModelConfig, par: Parallelism, max_gpus: int | N
     if max_gpus is not None and par.tp > max_gpus:
         raise ServesimError(f"TP={par.tp} exceeds the {max_gpus} GPUs of {where}; use a TP among "
                             f"{tp_choices()}")
-    problem = _tp_problem(model, par.tp, par.ep)
+    problem = _tp_problem(model, par.tp, par.ep, par.dp)
     if problem is not None:
+        if par.dp > 1 and _tp_problem(model, par.tp, par.ep, par.tp) is None:
+            raise ServesimError(f"{problem} (TP/DP={par.attention_tp}: each attention data-parallel rank's GPUs); use "
+                                f"--dp {par.tp}, or a TP among {tp_choices()} without --dp")
         raise ServesimError(f"{problem}; use a TP among {tp_choices()}")
     max_pp = model.num_layers if max_gpus is None else min(model.num_layers, max_gpus // par.tp)
     if par.pp > model.num_layers:

@@ -73,6 +73,7 @@ class Deployment:
             reserve=self.engine.memory_reserve(self.model, self.par, self.settings),
             block_size=self.settings.block_size, weight_dtype=self.weight_dtype,
             kv_dtype=kv_storage_dtype(self.weight_dtype, self.settings.kv_cache_dtype),
+            dp_mlp_over_group=self.engine.kernels.dp_mlp_over_group,
         )
 
     def timing_identity(self) -> tuple:

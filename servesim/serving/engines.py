@@ -138,8 +138,11 @@ class Engine:
 
     def launch_head(self, model_ref: str, par: Parallelism) -> list[str]:
         """The command that starts the server for ``model_ref`` with layout ``par`` (a size of 1 is the default)."""
-        sizes = [f"{flag} {size}" for flag, size in zip(self.parallel_flags, (par.tp, par.pp)) if size > 1]
-        return [self.command.format(model=model_ref), *sizes, *self.expert_parallel_flags(par)]
+        return [self.command.format(model=model_ref), *self.parallel_size_flags(par), *self.expert_parallel_flags(par)]
+
+    def parallel_size_flags(self, par: Parallelism) -> list[str]:
+        """The flags of the TP, PP and attention data-parallel sizes."""
+        return [f"{flag} {size}" for flag, size in zip(self.parallel_flags, (par.tp, par.pp)) if size > 1]
 
     def expert_parallel_flags(self, par: Parallelism) -> list[str]:
         """The flags that split the experts over ``par.ep`` GPUs (none without expert parallelism)."""
@@ -199,6 +202,14 @@ class Vllm(Engine):
     def expert_parallel_flags(self, par: Parallelism) -> list[str]:
         return ["--enable-expert-parallel"] if par.ep > 1 else []
 
+    def parallel_size_flags(self, par: Parallelism) -> list[str]:
+        """With attention data parallelism, ``--tensor-parallel-size`` is one rank's GPUs and
+        ``--data-parallel-size`` the ranks (vLLM's TP group is its data-parallel ranks' TP groups together)."""
+        if par.dp == 1:
+            return super().parallel_size_flags(par)
+        sizes = zip(self.parallel_flags, (par.attention_tp, par.pp))
+        return [*(f"{flag} {size}" for flag, size in sizes if size > 1), f"--data-parallel-size {par.dp}"]
+
     def check_expert_parallel(self, par: Parallelism) -> None:
         """``--enable-expert-parallel`` splits the experts over every GPU of the replica (EP = TP × DP; with one
         data-parallel rank, all TP GPUs) and their widths over none (vllm/model_executor/layers/fused_moe/config.py
@@ -237,10 +248,17 @@ class Sglang(Engine):
         (``moe_ep_rank = tp_rank // (tp_size // ep_size)``, python/sglang/srt/entrypoints/engine.py)."""
         return [f"--ep-size {par.ep}"] if par.ep > 1 else []
 
+    def parallel_size_flags(self, par: Parallelism) -> list[str]:
+        """``--dp-size`` with ``--enable-dp-attention``: the TP group's GPUs split into attention ranks."""
+        dp = [f"--dp-size {par.dp}", "--enable-dp-attention"] if par.dp > 1 else []
+        return [*super().parallel_size_flags(par), *dp]
+
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
+        """SGLang's defaults for the GPU's memory; with attention data parallelism each rank takes
+        ``chunked_prefill_size / dp`` prompt tokens a step (server_args.py ``_handle_data_parallelism``, 0.5.9)."""
         chunk, graph_max = sglang_memory_defaults(gpu.memory_gib, par.tp)
-        # max_running_requests: an upper clamp; the KV pool usually binds first (model_runner.py)
-        return _sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par), chunk, 4096
+        # max_running_requests: an upper clamp of each rank; its KV pool usually binds first (model_runner.py)
+        return _sglang_mem_fraction_static(gpu.memory_gib * 1024, chunk, graph_max, par), chunk // par.dp, 4096
 
     def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
         """SGLang sizes its pool from free memory after start-up, so only the memory already held then counts
@@ -257,7 +275,7 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: Eng
     """
     tokens = settings.max_num_batched_tokens
     mlp_width = model.moe_intermediate_size * model.num_experts_per_tok if model.is_moe else model.intermediate_size
-    forward = tokens * (3 * mlp_width / par.moe_tp + 4 * model.hidden_size) * 2
+    forward = tokens * (3 * mlp_width / par.moe_tp * par.dp + 4 * model.hidden_size) * 2  # a MoE layer sees every rank's
     sampler = settings.max_num_seqs * padded_vocab_per_gpu(model, 1) * 4 * 2
     return forward + sampler
 

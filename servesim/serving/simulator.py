@@ -154,7 +154,10 @@ def simulate(
     token_times: bool | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SimulationResult:
-    """Serve ``workload`` with ``replicas`` copies of ``deployment`` behind ``router``.
+    """Serve ``workload`` with ``replicas`` copies of ``deployment`` behind ``router``. A deployment with attention
+    data parallelism is ``par.dp`` engine ranks, each with its own scheduler and KV cache, and the router spreads
+    requests over every rank of every replica (each rank's MoE layers timed for as many tokens on every rank:
+    servesim/kernels/expand.py).
 
     Pass the same ``step_model`` (one of this deployment, or of one that differs only in engine settings that
     leave step times alone) to many calls, as a capacity search does: its memo of step times carries over.
@@ -185,7 +188,8 @@ def simulate(
             f"{cfg.memory_fraction}); use more GPUs per replica (--tp/--pp), a larger GPU or a larger memory "
             f"fraction"
         )
-    fleet = [_Replica(i, deployment.make_scheduler(), step_model, cfg.async_scheduling) for i in range(replicas)]
+    fleet = [_Replica(i, deployment.make_scheduler(), step_model, cfg.async_scheduling)
+             for i in range(replicas * par.dp)]
     _check_fits(fleet[0].scheduler, workload)
     if token_times is None:
         token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
@@ -199,7 +203,8 @@ def simulate(
         "kv_cache_dtype": cfg.kv_cache_dtype, "prefix_caching": cfg.enable_prefix_caching,
         "async_scheduling": cfg.async_scheduling, "mxfp4_moe_backend": deployment.mxfp4_moe_backend,
         "moe_backend": deployment.moe_backend,
-        "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas, "router": router,
+        "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens * par.dp, "replicas": replicas,
+        "dp": par.dp, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
     }
     return _result(workload, requests, steps, fleet[0].scheduler.kv_capacity_tokens, info)

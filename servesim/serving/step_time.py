@@ -109,7 +109,7 @@ class StepTimeModel:
         self.kv_cache_dtype = deployment.kv_cache_dtype
         self.mxfp4_moe_backend = deployment.mxfp4_moe_backend
         self.moe_backend = deployment.moe_backend
-        self._traits = gpu_traits(gpu, self._engine.name, par.tp)
+        self._traits = gpu_traits(gpu, self._engine.name, par.attention_tp)
         self._stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
         self._stage_alike = _alike_stages(model, par.pp)
         self._kernel_us: dict[Kernel, float] = {}
@@ -141,15 +141,16 @@ class StepTimeModel:
     def _layer_identity(self) -> tuple:
         """What one layer's kernels and their times depend on: everything but the pipeline depth and the host's
         per-step terms (only the eager launch cost enters the layers' times)."""
-        return (self.engine, self.model, self.gpu, self.par.tp, self.par.ep, self.dtype, self.kv_cache_dtype,
+        return (self.engine, self.model, self.gpu, self.par.tp, self.par.ep, self.par.dp, self.dtype, self.kv_cache_dtype,
                 self.mxfp4_moe_backend, self.moe_backend, self.launch_us)
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
-        return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype)
+        return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype,
+                         self.par.dp)
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,
-                      self.kv_cache_dtype, self.mxfp4_moe_backend, self.par.ep, self.moe_backend)
+                      self.kv_cache_dtype, self.mxfp4_moe_backend, self.par.ep, self.moe_backend, self.par.dp)
 
     def kernel_times_us(self, kernels: list[Kernel]) -> np.ndarray:
         """Times of ``kernels`` (µs), predicting each kernel not seen before in one batched estimator call (the

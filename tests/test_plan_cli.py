@@ -21,7 +21,7 @@ PLAN_KEYS = ["schema_version", "model", "dtype", "kv_cache_dtype", "engine", "en
              "estimator_label",
              "estimator_coverage", "workload",
              "search", "target", "slos", "gpu_budget", "recommendation", "infeasible", "options"]
-OPTION_KEYS = ["rank", "gpu", "layout", "tp", "pp", "gpus_per_replica", "status", "capacity_qps",
+OPTION_KEYS = ["rank", "gpu", "layout", "tp", "pp", "ep", "dp", "gpus_per_replica", "status", "capacity_qps",
                "capacity_concurrency", "slo_values_ms", "binding", "replicas", "total_gpus", "usd_per_gpu_hour",
                "price_date", "usd_per_hour", "usd_per_million_output_tokens", "output_tokens_per_s_per_gpu",
                "weights_gib_per_gpu", "kv_tokens", "unloaded_ms", "simulations", "note", "sample_warning",

@@ -18,7 +18,7 @@ from servesim.cli.params import (
     engine_behaviour_options,
     moe_backend_option,
     mxfp4_moe_backend_option,
-    plan_ep,
+    plan_degree,
     scheduler_recv_interval_option,
     engine_option,
 )
@@ -85,8 +85,9 @@ def _quick_row(est, dtype: str) -> dict:
         "fits": est.fits,
         "weights_gib_per_gpu": memory.weight_bytes / GIB,
         "kv_cache_gib_per_gpu": max(memory.kv_cache_bytes, 0.0) / GIB,
-        "kv_tokens": memory.kv_tokens,
-        "max_concurrent_seqs": memory.max_sequences(est.input_len + est.output_len) if est.memory.fits else 0,
+        "kv_tokens": memory.kv_tokens * est.par.dp,  # every attention data-parallel rank's
+        "max_concurrent_seqs": (memory.max_sequences(est.input_len + est.output_len) * est.par.dp
+                                if est.memory.fits else 0),
         "ttft_ms": est.ttft_ms,
         "tpot_batch1_ms": est.tpot_batch1_ms,
         "loaded_batch": est.loaded_batch,
@@ -239,7 +240,8 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--gpus", "gpu_list", default="H100", show_default=True, help="Comma-separated GPU names or aliases (see 'servesim gpus'), or 'all'.")
 @click.option("--tp", type=DIMENSION, default=None, help="Tensor-parallel GPUs per stage [default: every divisor of the GPUs in a node, TP×PP within a node].")
 @click.option("--pp", type=DIMENSION, default=None, help="Pipeline stages [default: every divisor of the GPUs in a node, TP×PP within a node].")
-@click.option("--ep", default="1", show_default=True, callback=plan_ep, metavar="N|search", help="Expert parallelism of MoE models: split the experts over N of each layout's TP GPUs (layouts whose TP N divides), or 'search': each layout without and with its experts over all its TP GPUs.")
+@click.option("--ep", default="1", show_default=True, callback=plan_degree, metavar="N|search", help="Expert parallelism of MoE models: split the experts over N of each layout's TP GPUs (layouts whose TP N divides), or 'search': each layout without and with its experts over all its TP GPUs.")
+@click.option("--dp", default="1", show_default=True, callback=plan_degree, metavar="N|search", help="Attention data parallelism of MoE models: N ranks in each layout whose TP N divides, or 'search': each MoE layout without and with as many ranks as TP GPUs (vLLM --data-parallel-size, SGLang --dp-size --enable-dp-attention).")
 @engine_option
 @click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), default="bf16", show_default=True, help="Weights: bf16, fp16, fp8 (W8A8, per-tensor scales), fp8-block (W8A8, 128x128 blocks), mxfp4 (MXFP4 experts, gpt-oss), int4 (INT4 experts, Kimi-K2.5) or nvfp4 (NVIDIA's NVFP4 releases, Blackwell: docs/models.md).")
 @estimator_option
@@ -273,7 +275,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @click.option("--input-len", type=DIMENSION, default=None, help="With --quick: prompt tokens per request [default: 1024].")
 @click.option("--output-len", type=DIMENSION, default=None, help="With --quick: output tokens per request [default: 256].")
 @output_format_options
-def plan_command(model_ref, gpu_list, tp, pp, ep, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
+def plan_command(model_ref, gpu_list, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                  memory_fraction, kv_cache_dtype, mxfp4_moe_backend, moe_backend, scheduler_recv_interval,
                  prefix_caching, async_scheduling, source, num_requests, columns, arrival, seed, qps, concurrency,
                  tolerance, gpu_budget, prices_file, price_overrides, executor, address, jobs, plot_dir, quick,
@@ -317,6 +319,7 @@ def plan_command(model_ref, gpu_list, tp, pp, ep, engine, dtype, estimator, max_
         tp=tp,
         pp=pp,
         ep=ep,
+        dp=dp,
         dtype=dtype,
         estimator=estimator,
         engine_overrides=(("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),

@@ -32,7 +32,7 @@ class GpuEstimate:
     output_len: int
     ttft_ms: float | None = None
     tpot_batch1_ms: float | None = None
-    loaded_batch: int = 0
+    loaded_batch: int = 0  # requests the replica holds at once (every attention data-parallel rank's)
     tpot_loaded_ms: float | None = None
     output_tokens_per_s: float | None = None  # whole replica
 
@@ -94,7 +94,9 @@ def estimate_gpu(
     """
     gpu, par, engine, memory = deployment.gpu, deployment.par, deployment.settings, deployment.memory
     context = input_len + output_len
-    loaded = min(engine.max_num_seqs, memory.max_sequences(context)) if memory.fits else 0
+    # Requests each engine rank holds (one rank, or each of the attention data-parallel ranks, stepping alike).
+    per_rank = min(engine.max_num_seqs, memory.max_sequences(context)) if memory.fits else 0
+    loaded = per_rank * par.dp
     base = GpuEstimate(gpu, par, engine, memory, input_len, output_len, loaded_batch=loaded)
     if loaded == 0:
         return base
@@ -103,8 +105,8 @@ def estimate_gpu(
     prefill_us = sum(steps.step_time_us(b).latency_us for b in prefill_chunks(input_len, engine.max_num_batched_tokens))
     mid_context = input_len + output_len // 2
     tpot1_us = steps.step_time_us(BatchSpec(decodes=(mid_context,))).latency_us
-    tpot_loaded_us = steps.step_time_us(BatchSpec(decodes=(mid_context,) * loaded)).latency_us
-    generation_us = output_len * tpot_loaded_us + loaded * prefill_us
+    tpot_loaded_us = steps.step_time_us(BatchSpec(decodes=(mid_context,) * per_rank)).latency_us
+    generation_us = output_len * tpot_loaded_us + per_rank * prefill_us
     return GpuEstimate(
         gpu,
         par,

@@ -58,6 +58,7 @@ class PlanRequest:
     tp: int | None = None  # None: searched (candidate_layouts)
     pp: int | None = None
     ep: int | None = 1  # None: searched, none and over all TP GPUs (MoE models)
+    dp: int | None = 1  # None: searched, none and one rank per TP GPU (MoE models)
     dtype: str = "bf16"
     estimator: str = DEFAULT_ESTIMATOR
     engine_overrides: tuple[tuple[str, int | float | str | None], ...] = ()  # build_deployment's settings
@@ -129,33 +130,37 @@ class Plan:
 
 
 def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int | None,
-                      ep: int | None = 1) -> list[Parallelism]:
+                      ep: int | None = 1, dp: int | None = 1) -> list[Parallelism]:
     """The layouts to try on ``gpu``: the given TP and PP, or for each one left open every divisor of the GPUs in a
     node, keeping TP × PP within a node (so that a node holds whole replicas) and the layouts the engines accept.
     ``ep`` splits the experts of each layout whose TP it divides (1: none); None tries each TP layout of a MoE model
-    both without and with its experts over all its TP GPUs."""
+    both without and with its experts over all its TP GPUs. ``dp`` likewise makes attention data-parallel ranks
+    (None: none, and one per TP GPU)."""
     node = gpu.gpus_per_node
     if tp is not None:
-        check_layout(model, gpu, Parallelism(tp, 1, ep if ep is not None else 1))
+        check_layout(model, gpu, Parallelism(tp, 1, ep if ep is not None else 1, dp if dp is not None else 1))
     if pp is not None:
         check_layout(model, gpu, Parallelism(tp or 1, pp))
     divisors = [d for d in range(1, node + 1) if node % d == 0]
     layouts = []
     for t in [tp] if tp is not None else divisors:
         for p in [pp] if pp is not None else divisors:
-            for e in _expert_splits(model, t, ep):
-                if t * p <= node and _passes(validate_parallelism, model, Parallelism(t, p, e)):
-                    layouts.append(Parallelism(t, p, e))
-    if not layouts and ep not in (None, 1):
-        raise ServesimError(f"no layout of {model.name} on {gpu.name} has a TP that EP={ep} divides; give --tp as a "
-                            f"multiple of {ep}, or --ep 1")
+            for e in _splits(model, t, ep):
+                for d in _splits(model, t, dp):
+                    if t * p <= node and _passes(validate_parallelism, model, Parallelism(t, p, e, d)):
+                        layouts.append(Parallelism(t, p, e, d))
+    for flag, degree, what in (("--ep", ep, "EP"), ("--dp", dp, "DP")):
+        if not layouts and degree not in (None, 1):
+            raise ServesimError(f"no layout of {model.name} on {gpu.name} has a TP that {what}={degree} divides; give "
+                                f"--tp as a multiple of {degree}, or {flag} 1")
     return layouts
 
 
-def _expert_splits(model: ModelConfig, tp: int, ep: int | None) -> list[int]:
-    """The expert-parallel degrees tried with ``tp``: ``ep`` itself, or with None, 1 and (MoE models) ``tp``."""
-    if ep is not None:
-        return [ep]
+def _splits(model: ModelConfig, tp: int, degree: int | None) -> list[int]:
+    """The expert-parallel or attention data-parallel degrees tried with ``tp``: ``degree`` itself, or with None, 1
+    and (MoE models) ``tp``."""
+    if degree is not None:
+        return [degree]
     return [1, tp] if model.is_moe and tp > 1 else [1]
 
 
@@ -178,7 +183,7 @@ def option_refusal(request: PlanRequest, gpu: GpuSpec, par: Parallelism) -> str 
     try:
         deployment = request.deployment(gpu, par)
         expand(request.engine_name, request.model, gpu, BatchSpec(prefills=(PrefillChunk(1, 0),)), par.tp, par.pp,
-               0, deployment.dtype, deployment.kv_cache_dtype, ep=par.ep)
+               0, deployment.dtype, deployment.kv_cache_dtype, ep=par.ep, dp=par.dp)
     except ServesimError as exc:
         return str(exc)
     return None
@@ -198,7 +203,8 @@ def all_options(request: PlanRequest) -> list[tuple[GpuSpec, Parallelism, str | 
     """Every (GPU, layout) the plan weighs, GPU by GPU, each with :func:`option_refusal`."""
     options = []
     for gpu in request.gpus:
-        layouts = _engine_layouts(request, candidate_layouts(request.model, gpu, request.tp, request.pp, request.ep))
+        layouts = _engine_layouts(request, candidate_layouts(request.model, gpu, request.tp, request.pp, request.ep,
+                                                             request.dp))
         refusal = option_refusal(request, gpu, layouts[0]) if layouts else None
         options += [(gpu, par, refusal if refusal is None else option_refusal(request, gpu, par))
                     for par in layouts]
@@ -226,7 +232,8 @@ def unsupported_payload(gpu: GpuSpec, par: Parallelism, reason: str) -> dict:
     """An option the engine cannot run, as ``servesim plan --json`` lists it: status ``unsupported``, the reason
     in ``note`` and no measurements."""
     return {
-        "rank": None, "gpu": gpu.name, "layout": str(par), "tp": par.tp, "pp": par.pp, "gpus_per_replica": par.num_gpus,
+        "rank": None, "gpu": gpu.name, "layout": str(par), "tp": par.tp, "pp": par.pp, "ep": par.ep, "dp": par.dp,
+        "gpus_per_replica": par.num_gpus,
         "status": "unsupported", "capacity_qps": None, "capacity_concurrency": None, "slo_values_ms": None,
         "binding": None, "replicas": None, "total_gpus": None, "usd_per_gpu_hour": gpu.price_usd_per_gpu_hour,
         "price_date": gpu.price_date, "usd_per_hour": None, "usd_per_million_output_tokens": None,
@@ -244,12 +251,12 @@ def option_tasks(request: PlanRequest) -> list[OptionTask]:
 
 
 def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:
-    """Task indices grouped by GPU, TP and EP, each group searched in one process (:func:`search_options`), the likely
+    """Task indices grouped by GPU, TP, EP and DP, each group searched in one process (:func:`search_options`), the likely
     slowest first so that a pool of workers finishes together. While there are fewer groups than ``workers``, the
     group of most work gives its slowest option a group of its own, so that grouping never leaves a worker idle."""
-    by_layout: dict[tuple[str, int, int], list[int]] = {}
+    by_layout: dict[tuple[str, int, int, int], list[int]] = {}
     for i in sorted(range(len(tasks)), key=lambda i: (-_relative_work(tasks[i]), i)):
-        by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp, tasks[i].par.ep), []).append(i)
+        by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp, tasks[i].par.ep, tasks[i].par.dp), []).append(i)
     groups = list(by_layout.values())
 
     def work(group: list[int]) -> float:
@@ -269,7 +276,7 @@ def _relative_work(task: OptionTask) -> float:
 
 
 def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
-    """:func:`search_capacity` of each task in turn. Options of one GPU, TP and EP launch the same kernels in every
+    """:func:`search_capacity` of each task in turn. Options of one GPU, TP, EP and DP launch the same kernels in every
     layer and the same attention kernels for many of their batches: their step-time models share those times
     (``StepTimeModel(shares_with=...)``), so the second and later options of a process time only the batches the
     first did not meet, besides their own pipeline stages' times. Each model also starts from the step times earlier
@@ -278,7 +285,8 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
     results = []
     for task in tasks:
         dep = task.deployment
-        key = (dep.gpu, dep.par.tp, dep.par.ep, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype, dep.estimator)
+        key = (dep.gpu, dep.par.tp, dep.par.ep, dep.par.dp, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype,
+               dep.estimator)
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
         load_memos(steps)
@@ -552,6 +560,8 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
         "layout": str(task.par),
         "tp": task.par.tp,
         "pp": task.par.pp,
+        "ep": task.par.ep,
+        "dp": task.par.dp,
         "gpus_per_replica": task.par.num_gpus,
         "status": option.status,
         "capacity_qps": option.capacity_qps,
@@ -566,7 +576,7 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
         "usd_per_million_output_tokens": option.usd_per_million_output_tokens,
         "output_tokens_per_s_per_gpu": option.output_tokens_per_s_per_gpu,
         "weights_gib_per_gpu": weights_gib_per_gpu(result),
-        "kv_tokens": result.estimate.memory.kv_tokens,
+        "kv_tokens": result.estimate.memory.kv_tokens * task.par.dp,  # every attention data-parallel rank's
         "unloaded_ms": ({slo.name: v for slo, v in zip(slos, result.unloaded_ms)}
                         if result.unloaded_ms is not None else None),
         "simulations": len(result.probes) + (result.unloaded_ms is not None),

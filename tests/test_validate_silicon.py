@@ -209,6 +209,15 @@ def test_fit_recovers_constants_that_generated_the_measurements(rows: pd.DataFra
     assert result.overheads["sglang"].per_seq_us == pytest.approx(6.0, rel=1e-6)
 
 
+def test_only_launches_known_to_run_attention_dp_replay_with_ranks(rows: pd.DataFrame) -> None:
+    """InferenceX's exports label every expert-parallel vLLM run attention_dp = TP; its configuration 727 ran
+    --data-parallel-size 2, its configuration 726 beside it --tensor-parallel-size 2 --enable-expert-parallel."""
+    case = silicon_case(_row(rows, "minimaxm2_5_b300_vllm_fp4_agg_1024x1024_c1024_cfg727"))
+    assert (case.tp, case.ep, case.dp) == (2, 2, 2)
+    case = silicon_case(_row(rows, "minimaxm2_5_b300_vllm_fp4_agg_1024x1024_c128_cfg726"))
+    assert (case.tp, case.ep, case.dp) == (2, 2, 1)
+
+
 def test_replay_on_several_processes_gives_the_rows_of_one_process(rows: pd.DataFrame) -> None:
     """Rows and refusals come back in the order of the cases, equal to a replay in one process."""
     sglang, vllm = (silicon_case(_row(rows, row_id)) for row_id in (SGLANG_ROW, VLLM_SYNC_ROW))

@@ -189,14 +189,14 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
     error_columns = (*_ERROR_COLUMNS, *(_AIC_COLUMNS if with_aic else ()))
     key_columns = (Column("gpu", "GPU", align="<"), Column("engine", "engine", align="<"),
                    Column("model_id", "model", align="<"), Column("dtype", "weights", align="<"),
-                   Column("tp", "TP", "d"), Column("ep", "EP", "d"),
+                   Column("tp", "TP", "d"), Column("ep", "EP", "d"), Column("dp", "DP", "d"),
                    Column("split", "split", align="<"))
     notes = [f"{len(frame)} rows replayed with the {estimator} estimator, {len(skipped)} skipped; train/test: "
              f"{TRAIN_RULE}; errors are predicted / measured - 1 (bias = mean signed error)."]
     if aic_failed:
         notes.append(f"aiconfigurator could not estimate {len(aic_failed)} rows (--json lists them).")
     _print_tables([
-        ("Errors per GPU, engine, model, weights, TP and EP", groups, (*key_columns, *error_columns)),
+        ("Errors per GPU, engine, model, weights, TP, EP and DP", groups, (*key_columns, *error_columns)),
         ("Overall", overall, (Column("split", "split", align="<"), Column("engine", "engine", align="<"),
                               *error_columns)),
         (f"Against the bar (TTFT MAPE ≤ {TTFT_BAR_PCT:g} %, TPOT MAPE ≤ {TPOT_BAR_PCT:g} %) on its models' rows: "

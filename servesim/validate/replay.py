@@ -87,6 +87,7 @@ class ServingCase:
     scheduler_recv_interval: int | None = None  # SGLang's --scheduler-recv-interval (None: the default, 1)
     measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
     ep: int = 1  # the GPUs of the TP group the experts are split over (vLLM --enable-expert-parallel, SGLang --ep-size)
+    dp: int = 1  # attention data-parallel ranks of the TP group (docs/parallelism.md)
     #: The API server's time per prompt token of this run's prompt text, µs (None: the release's): tokenising text
     #: costs more per token for some clients' prompts than others (servesim/validate/silicon.py).
     per_prompt_token_us: float | None = None
@@ -156,7 +157,7 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
     from servesim.models.parallel import Parallelism
     from servesim.serving.deployment import build_deployment
 
-    return build_deployment(model, gpu, Parallelism(case.tp, case.pp, case.ep), case_release(case), case.dtype,
+    return build_deployment(model, gpu, Parallelism(case.tp, case.pp, case.ep, case.dp), case_release(case), case.dtype,
                             estimator, kv_cache_dtype=case.kv_cache_dtype, max_num_seqs=case.max_num_seqs,
                             max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
@@ -182,7 +183,7 @@ def case_row(case: ServingCase, summary: Mapping[str, float]) -> dict[str, objec
     return {
         "case_id": case.case_id, "model_id": case.model_id, "preset": case.preset, "gpu": case.gpu,
         "engine": case.engine, "engine_version": case.engine_version, "dtype": case.dtype, "tp": case.tp,
-        "pp": case.pp, "ep": case.ep, "isl": case.isl, "osl": case.osl, "concurrency": case.concurrency,
+        "pp": case.pp, "ep": case.ep, "dp": case.dp, "isl": case.isl, "osl": case.osl, "concurrency": case.concurrency,
         "requests": len(case.workload),
         "measured_ttft_ms": case.measured_ttft_ms, "predicted_ttft_ms": ttft,
         "ttft_error": _error(ttft, case.measured_ttft_ms),
@@ -228,7 +229,7 @@ def _outcome(case: ServingCase, result: SimulationResult | Skipped) -> dict[str,
 def _timing_group(case: ServingCase) -> tuple:
     """What decides which step-time model a case uses (:meth:`StepModels.get`), read without building it: cases
     of one group share their kernel and step-time memos, so a process replays a whole group."""
-    return (case.engine, case_release(case), case.preset, case.gpu, case.tp, case.pp, case.ep, case.dtype,
+    return (case.engine, case_release(case), case.preset, case.gpu, case.tp, case.pp, case.ep, case.dp, case.dtype,
             case.kv_cache_dtype, case.mxfp4_moe_backend, case.moe_backend)
 
 

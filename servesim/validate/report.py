@@ -23,7 +23,7 @@ TTFT_BAR_PCT = 20.0
 CONCURRENCY_EDGES = (0, 8, 32, 128, np.inf)
 
 #: A row group of the silicon report: one deployment of one model (its weight format included).
-GROUP_KEYS = ("gpu", "engine", "model_id", "dtype", "tp", "ep")
+GROUP_KEYS = ("gpu", "engine", "model_id", "dtype", "tp", "ep", "dp")
 
 
 def errors_summary(group: pd.DataFrame) -> dict[str, float]:

@@ -299,25 +299,49 @@ def _skip(row: Mapping, reason: str) -> Skipped:
     return Skipped(str(row["id"]), str(row["model"]), str(row["gpu"]), str(row["backend"]), reason)
 
 
-def _layout(row: Mapping, is_moe: bool) -> tuple[int, int] | str:
-    """The row's (TP, EP) as servesim replays it (the MoE degrees only matter for MoE models), or why it cannot be.
+#: InferenceX configurations (``config_id`` in a row's source) that ran attention data parallelism: their search-space
+#: entry in ``.github/configs/nvidia-master.yaml`` sets ``dp-attn: true`` and their script passes
+#: ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel``
+#: (``benchmarks/single_node/minimaxm2.5_fp4_b200.sh`` and ``_b300.sh`` from 2026-04-08, ``DP_ATTENTION=true``):
+#: MiniMax-M2.5 NVFP4 at TP 2 EP 2 with 256 to 1,024 clients on the B200 (707) and 256 to 2,048 on the B300 (727),
+#: measured 2026-04-21 and 22. The file labels every expert-parallel vLLM run of InferenceX's exports
+#: ``attention_dp`` = TP and ``moe_ep`` = TP², with or without the flag: the others are ``{tp: N, ep: N}`` entries
+#: launched ``--tensor-parallel-size N --enable-expert-parallel`` (MiniMax-M2.5 FP8 on H100, B200, B300, NVFP4
+#: configurations 703, 706, 726, 729; Kimi-K2.5 NVFP4 on B200, 2026-03-27 to 04-22; none of those scripts passes
+#: ``--data-parallel-size``, and the one ``dp-attn`` entry among them, MiniMax-M2.5 FP8 on the B300 at 1,024 clients,
+#: runs a script that ignores ``DP_ATTENTION``).
+_DP_ATTENTION_CONFIGS = frozenset({707, 727})
+_CONFIG_ID = re.compile(r"config_id=(\d+)")
+
+
+def _layout(row: Mapping, is_moe: bool) -> tuple[int, int, int] | str:
+    """The row's (TP, EP, attention DP) as servesim replays it (the MoE degrees only matter for MoE models), or why
+    it cannot be.
 
     Some SGLang rows record ``tp_size`` as TP × EP with ``moe_tp_size`` TP: the row id says ``_tp4_ep4_`` where the
     columns say 16, 4, 4, and the same measurement appears in another source of the file as TP 4, MoE TP 1, EP 4.
-    A row whose ``tp`` is the product of MoE degrees both above 1 is read so: TP = ``moe_tp``, EP = ``moe_ep``."""
+    A row whose ``tp`` is the product of MoE degrees both above 1 is read so: TP = ``moe_tp``, EP = ``moe_ep``.
+    A vLLM row labelled with attention data parallelism ``attention_dp`` = TP, ``moe_ep`` = TP² is an expert-parallel
+    run, the experts over all TP GPUs, with one attention rank per GPU for the launches known to have run them
+    (:data:`_DP_ATTENTION_CONFIGS`) and none otherwise."""
     tp = _int(row["tp"])
     attention_dp, moe_tp, moe_ep = (_int(row[c]) for c in ("attention_dp", "moe_tp", "moe_ep"))
     if attention_dp not in (None, 0, 1):
-        return f"attention data parallelism {attention_dp} is not modelled"
+        if attention_dp != tp or moe_ep != tp * tp or str(row.get("backend")) != "vllm":
+            return (f"attention data parallelism {attention_dp} with TP {tp} and EP {moe_ep}: not the labels of "
+                    f"InferenceX's vLLM expert-parallel runs, whose launch is not known")
+        config = _CONFIG_ID.search(str(row.get("source", "")))
+        dp = tp if config and int(config.group(1)) in _DP_ATTENTION_CONFIGS else 1
+        return tp, tp, dp
     if not is_moe or moe_ep in (None, 0, 1):
         if is_moe and moe_tp not in (None, 0, tp):
             return f"MoE tensor parallelism {moe_tp} differing from TP {tp} is not modelled"
-        return tp, 1
+        return tp, 1, 1
     if moe_tp not in (None, 0) and moe_tp > 1 and tp == moe_tp * moe_ep:
-        return moe_tp, moe_ep
+        return moe_tp, moe_ep, 1
     if (moe_tp or 1) * moe_ep != tp:
         return f"MoE tensor parallelism {moe_tp} times expert parallelism {moe_ep} differing from TP {tp}"
-    return tp, moe_ep
+    return tp, moe_ep, 1
 
 
 def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
@@ -363,7 +387,8 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
         engine_version=version,
-        dtype=weights, tp=layout[0], ep=layout[0] if protocol.expert_parallel else layout[1], pp=_int(row["pp"]) or 1,
+        dtype=weights, tp=layout[0], ep=layout[0] if protocol.expert_parallel else layout[1], dp=layout[2],
+        pp=_int(row["pp"]) or 1,
         isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
         measured_tpot_ms=float(row["tpot_ms"]), source=str(row["source"]), extra={"protocol": protocol.name},

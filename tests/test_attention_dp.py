@@ -84,13 +84,47 @@ def test_mla_ranks_hold_more_requests_than_one_tensor_parallel_group() -> None:
 def test_the_simulator_runs_one_scheduler_and_kv_cache_per_rank() -> None:
     model, gpu = get_model("qwen3-235b-a22b"), get_gpu("H200")
     deployment = build_deployment(model, gpu, Parallelism(4, ep=4, dp=4), "vllm", "fp8")
-    workload = build_workload("fixed:512:64", 64, concurrency=16)
-    result = simulate(deployment, workload)
-    assert result.info["dp"] == 4
-    assert result.info["kv_tokens_per_replica"] == 4 * deployment.make_scheduler().kv_capacity_tokens
-    summary = result.summary()
-    assert summary["requests"] == 64
-    assert summary["mean_batch_size"] <= 16 / 4 + 1e-9  # each rank's steps carry its own share of the clients
+    scheduler = deployment.make_scheduler()
+    assert len(scheduler.ranks) == 4
+    assert scheduler.kv_capacity_tokens == 4 * scheduler.request_capacity_tokens
+    result = simulate(deployment, build_workload("fixed:512:64", 64, concurrency=16))
+    assert result.info["dp"] == 4 and result.info["kv_tokens_per_replica"] == scheduler.kv_capacity_tokens
+    assert result.summary()["requests"] == 64
+
+
+@pytest.mark.parametrize(("engine", "shares"), [("vllm", [4, 4, 4, 4]), ("sglang", [4, 4, 4, 4])])
+def test_each_engine_spreads_requests_over_its_ranks(engine: str, shares: list[int]) -> None:
+    """vLLM's API server picks the rank of least 4 × waiting + running, SGLang's controller takes turns."""
+    from servesim.serving.state import RequestState
+
+    deployment = build_deployment(get_model("qwen3-235b-a22b"), get_gpu("H200"), Parallelism(4, ep=4, dp=4), engine,
+                                  "fp8")
+    scheduler = deployment.make_scheduler()
+    for rid in range(16):
+        scheduler.add(RequestState(rid, 512, 64, 0.0))
+    assert [len(rank.waiting) for rank in scheduler.ranks] == shares
+
+
+def test_ranks_step_together_as_long_as_the_slowest() -> None:
+    """A rank with a prompt chunk holds the others' decodes: the joined step lasts as long as its slowest part."""
+    from servesim.serving.scheduler_dp import RankedStep, ranked_step_time_us
+    from servesim.serving.state import RequestState, make_step
+    from servesim.serving.step_time import StepTimeModel
+
+    deployment = build_deployment(get_model("qwen3-235b-a22b"), get_gpu("H200"), Parallelism(4, ep=4, dp=2), "vllm",
+                                  "fp8")
+    model = StepTimeModel(deployment)
+    decoding = RequestState(0, 512, 64, 0.0)
+    decoding.computed, decoding.generated = 600, 89
+    decode = make_step([decoding], [1], [])
+    prompt = make_step([RequestState(1, 4096, 64, 0.0)], [4096], [])
+    joined = RankedStep(requests=(), new_tokens=(), num_decodes=1, decode_context_tokens=600, decode_max_context=600,
+                        prefills=prompt.prefills, parts=(decode, prompt))
+    (decode_host, (decode_gpu,)), (prompt_host, (prompt_gpu,)) = (ranked_step_time_us(model, part)
+                                                                  for part in (decode, prompt))
+    assert prompt_gpu > decode_gpu
+    # each rank's host schedules its own part at once (vLLM: one engine core process a rank)
+    assert ranked_step_time_us(model, joined) == (max(decode_host, prompt_host), (prompt_gpu,))
 
 
 def test_launch_commands_name_the_ranks_as_each_engine_does() -> None:

@@ -87,7 +87,8 @@ class Deployment:
         return f"{self.model.name} ({self.dtype}{kv}) on {self.gpu.name} {self.par} under {self.release.label}"
 
     def make_scheduler(self) -> Scheduler:
-        return self.engine.make_scheduler(self.settings, self.memory.kv_tokens)
+        """The replica's scheduler: its engine's, one per attention data-parallel rank when it has ranks."""
+        return self.engine.make_scheduler(self.settings, self.memory.kv_tokens, self.par.dp)
 
     def launch_command(self) -> str:
         """The server command whose flags this deployment's prediction assumed."""

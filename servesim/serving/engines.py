@@ -122,8 +122,17 @@ class Engine:
         """What the engine keeps out of its memory fraction besides weights."""
         raise NotImplementedError
 
-    def make_scheduler(self, settings: EngineSettings, kv_tokens: int) -> Scheduler:
-        return self.scheduler_class(settings, kv_tokens)
+    #: How the engine hands a request to one of its attention data-parallel ranks (servesim/serving/scheduler_dp.py).
+    dp_balance: ClassVar[str] = "round_robin"
+
+    def make_scheduler(self, settings: EngineSettings, kv_tokens: int, dp: int = 1) -> Scheduler:
+        """The scheduler of one engine instance with ``kv_tokens`` of KV cache, or with ``dp`` attention
+        data-parallel ranks, one such scheduler per rank stepping together."""
+        if dp == 1:
+            return self.scheduler_class(settings, kv_tokens)
+        from servesim.serving.scheduler_dp import DataParallelScheduler
+
+        return DataParallelScheduler([self.scheduler_class(settings, kv_tokens) for _ in range(dp)], self.dp_balance)
 
     #: The server's flag for each setting (memory fraction, token budget, running requests, KV page) and the flags
     #: that turn off its prefix cache and its async scheduling.
@@ -184,6 +193,7 @@ class Engine:
 
 class Vllm(Engine):
     command = "vllm serve {model}"
+    dp_balance = "least_loaded"
     parallel_flags = ("--tensor-parallel-size", "--pipeline-parallel-size")
     flag_names = ("--gpu-memory-utilization", "--max-num-batched-tokens", "--max-num-seqs", "--block-size")
     no_prefix_cache_flag = "--no-enable-prefix-caching"

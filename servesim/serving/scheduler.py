@@ -37,6 +37,11 @@ class Scheduler:
         return self.capacity * self.kv_unit_tokens
 
     @property
+    def request_capacity_tokens(self) -> int:
+        """The most KV one request can hold: the whole pool."""
+        return self.kv_capacity_tokens
+
+    @property
     def kv_used_tokens(self) -> int:
         """KV memory in use, in token slots (whole units): what neither is free nor could be evicted."""
         return (self.capacity - self.available) * self.kv_unit_tokens

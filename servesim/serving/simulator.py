@@ -28,7 +28,7 @@ from servesim.serving.metrics import TOKEN_TIMES_MAX_TOKENS, SimulationResult, S
 from servesim.serving.router import make_router
 from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import RequestLog, RequestState, Step, StepLog, finish_step
-from servesim.serving.step_cache import step_time_us
+from servesim.serving.scheduler_dp import ranked_step_time_us
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, ViolationCounter
 from servesim.workloads.request import Workload
@@ -110,7 +110,7 @@ class _Replica:
             for req in step.admitted:  # the scheduler marked the step's requests in flight
                 if req.first_scheduled_s < 0:
                     req.first_scheduled_s = now_s
-            overhead_us, stages_us = step_time_us(self.step_model, step)
+            overhead_us, stages_us = ranked_step_time_us(self.step_model, step)
             if self.async_scheduling:
                 start_s, end_s = self.occupy_async(now_s, host_start_s, overhead_us, stages_us[0])
             else:
@@ -132,10 +132,11 @@ class _Replica:
 
 def _check_fits(scheduler: Scheduler, workload: Workload) -> None:
     total = workload.prompt_tokens + workload.output_tokens
-    too_long = int((total > scheduler.kv_capacity_tokens).sum())
+    too_long = int((total > scheduler.request_capacity_tokens).sum())
     if too_long:
         raise ServesimError(
-            f"{too_long} request(s) need more KV cache than the replica has ({scheduler.kv_capacity_tokens:,} tokens; "
+            f"{too_long} request(s) need more KV cache than the replica has ({scheduler.request_capacity_tokens:,} "
+            f"tokens{' a rank' if scheduler.request_capacity_tokens < scheduler.kv_capacity_tokens else ''}; "
             f"longest request {int(total.max()):,}); cap lengths in the workload (servesim workload SOURCE "
             f"--max-prompt-tokens N --max-output-tokens N --out FILE), raise the memory fraction or use more GPUs per "
             f"replica (--tp/--pp)"
@@ -155,9 +156,8 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> SimulationResult:
     """Serve ``workload`` with ``replicas`` copies of ``deployment`` behind ``router``. A deployment with attention
-    data parallelism is ``par.dp`` engine ranks, each with its own scheduler and KV cache, and the router spreads
-    requests over every rank of every replica (each rank's MoE layers timed for as many tokens on every rank:
-    servesim/kernels/expand.py).
+    data parallelism is ``par.dp`` engine ranks stepping together, each with its own scheduler and KV cache
+    (servesim/serving/scheduler_dp.py); the router picks the replica, the engine the rank.
 
     Pass the same ``step_model`` (one of this deployment, or of one that differs only in engine settings that
     leave step times alone) to many calls, as a capacity search does: its memo of step times carries over.
@@ -188,8 +188,7 @@ def simulate(
             f"{cfg.memory_fraction}); use more GPUs per replica (--tp/--pp), a larger GPU or a larger memory "
             f"fraction"
         )
-    fleet = [_Replica(i, deployment.make_scheduler(), step_model, cfg.async_scheduling)
-             for i in range(replicas * par.dp)]
+    fleet = [_Replica(i, deployment.make_scheduler(), step_model, cfg.async_scheduling) for i in range(replicas)]
     _check_fits(fleet[0].scheduler, workload)
     if token_times is None:
         token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
@@ -203,7 +202,7 @@ def simulate(
         "kv_cache_dtype": cfg.kv_cache_dtype, "prefix_caching": cfg.enable_prefix_caching,
         "async_scheduling": cfg.async_scheduling, "mxfp4_moe_backend": deployment.mxfp4_moe_backend,
         "moe_backend": deployment.moe_backend,
-        "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens * par.dp, "replicas": replicas,
+        "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas,
         "dp": par.dp, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
     }

@@ -156,3 +156,15 @@ def test_cli_simulates_and_lists_kernels_with_dp() -> None:
     assert "moe.dp_gather" in result.output and "dp=4" in result.output
     result = runner.invoke(main, ["latency", "--model", "llama3-8b", "--tp", "2", "--dp", "2"])
     assert result.exit_code == 2 and "has no experts" in result.output and "Traceback" not in result.output
+
+
+def test_plan_refuses_a_degree_no_layout_takes_and_names_those_that_work() -> None:
+    from servesim.planner.plan import candidate_layouts
+
+    model, gpu = get_model("qwen3-235b-a22b"), get_gpu("H200")
+    with pytest.raises(ServesimError, match=r"DP=16 divides; use --dp 2 or 4 or 8, or --dp 1"):
+        candidate_layouts(model, gpu, None, None, 1, 16)
+    assert all(candidate_layouts(model, gpu, None, None, 1, dp) for dp in (2, 4, 8))
+    assert {par.dp for par in candidate_layouts(model, gpu, 8, 1, 8, None)} == {1, 8}  # --dp search
+    with pytest.raises(ServesimError, match="llama3-70b has no experts; drop --dp"):
+        candidate_layouts(get_model("llama3-70b"), get_gpu("H100"), None, None, 1, 2)

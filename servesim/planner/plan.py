@@ -149,11 +149,24 @@ def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int 
                 for d in _splits(model, t, dp):
                     if t * p <= node and _passes(validate_parallelism, model, Parallelism(t, p, e, d)):
                         layouts.append(Parallelism(t, p, e, d))
-    for flag, degree, what in (("--ep", ep, "EP"), ("--dp", dp, "DP")):
-        if not layouts and degree not in (None, 1):
-            raise ServesimError(f"no layout of {model.name} on {gpu.name} has a TP that {what}={degree} divides; give "
-                                f"--tp as a multiple of {degree}, or {flag} 1")
+    if not layouts:
+        for flag, degree, what in (("--ep", ep, "EP"), ("--dp", dp, "DP")):
+            if degree in (None, 1):
+                continue
+            if not model.is_moe:
+                raise ServesimError(f"{flag} applies to MoE models and {model.name} has no experts; drop {flag}")
+            working = [d for d in divisors if d > 1 and _degree_fits(model, gpu, tp, pp, flag, d)]
+            fix = f"{flag} {' or '.join(map(str, working))}, or {flag} 1" if working else f"{flag} 1"
+            raise ServesimError(f"no layout of {model.name} within one {gpu.name} node ({node} GPUs) has a TP that "
+                                f"{what}={degree} divides; use {fix}")
     return layouts
+
+
+def _degree_fits(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int | None, flag: str, degree: int) -> bool:
+    """Whether some layout of :func:`candidate_layouts` has expert-parallel (``--ep``) or attention data-parallel
+    (``--dp``) degree ``degree``, the other degree left at 1."""
+    ep, dp = (degree, 1) if flag == "--ep" else (1, degree)
+    return bool(candidate_layouts(model, gpu, tp, pp, ep, dp))
 
 
 def _splits(model: ModelConfig, tp: int, degree: int | None) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servesim.errors import ServesimError
 from servesim.estimator.base import DEFAULT_ESTIMATOR
@@ -23,6 +24,9 @@ from servesim.models.parallel import Parallelism, validate_parallelism
 from servesim.serving.config import EngineSettings
 from servesim.serving.engines import Engine, Release, parse_engine
 from servesim.serving.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from servesim.serving.scheduler_dp import DataParallelScheduler
 
 #: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
 SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
@@ -86,7 +90,7 @@ class Deployment:
         kv = ", fp8 KV cache" if self.kv_cache_dtype == "fp8" else ""
         return f"{self.model.name} ({self.dtype}{kv}) on {self.gpu.name} {self.par} under {self.release.label}"
 
-    def make_scheduler(self) -> Scheduler:
+    def make_scheduler(self) -> Scheduler | DataParallelScheduler:
         """The replica's scheduler: its engine's, one per attention data-parallel rank when it has ranks."""
         return self.engine.make_scheduler(self.settings, self.memory.kv_tokens, self.par.dp)
 

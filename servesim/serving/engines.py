@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from servesim.errors import ServesimError, suggest
 from servesim.hardware.spec import GpuSpec
@@ -24,6 +24,9 @@ from servesim.serving.config import EngineSettings
 from servesim.serving.overhead import (HOST_OVERHEAD, VLLM_0_15_1_DEVICE_STEP_US, VLLM_REQUEST_LATENCY_US,
                                        HostOverhead)
 from servesim.serving.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from servesim.serving.scheduler_dp import DataParallelScheduler
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 
@@ -125,7 +128,8 @@ class Engine:
     #: How the engine hands a request to one of its attention data-parallel ranks (servesim/serving/scheduler_dp.py).
     dp_balance: ClassVar[str] = "round_robin"
 
-    def make_scheduler(self, settings: EngineSettings, kv_tokens: int, dp: int = 1) -> Scheduler:
+    def make_scheduler(self, settings: EngineSettings, kv_tokens: int,
+                       dp: int = 1) -> Scheduler | DataParallelScheduler:
         """The scheduler of one engine instance with ``kv_tokens`` of KV cache, or with ``dp`` attention
         data-parallel ranks, one such scheduler per rank stepping together."""
         if dp == 1:
@@ -285,7 +289,8 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: Eng
     """
     tokens = settings.max_num_batched_tokens
     mlp_width = model.moe_intermediate_size * model.num_experts_per_tok if model.is_moe else model.intermediate_size
-    forward = tokens * (3 * mlp_width / par.moe_tp * par.dp + 4 * model.hidden_size) * 2  # a MoE layer sees every rank's
+    # With attention data parallelism a MoE layer takes every rank's tokens.
+    forward = tokens * (3 * mlp_width / par.moe_tp * par.dp + 4 * model.hidden_size) * 2
     sampler = settings.max_num_seqs * padded_vocab_per_gpu(model, 1) * 4 * 2
     return forward + sampler
 

@@ -168,3 +168,13 @@ def test_plan_refuses_a_degree_no_layout_takes_and_names_those_that_work() -> No
     assert {par.dp for par in candidate_layouts(model, gpu, 8, 1, 8, None)} == {1, 8}  # --dp search
     with pytest.raises(ServesimError, match="llama3-70b has no experts; drop --dp"):
         candidate_layouts(get_model("llama3-70b"), get_gpu("H100"), None, None, 1, 2)
+
+
+def test_sglang_ranks_admit_with_less_conservative_reservations() -> None:
+    """SGLang's dp attention scales --schedule-conservativeness by 0.3: each rank starts its new-token ratio at
+    0.21 rather than 0.7, reserving less KV for the running requests' future tokens."""
+    model, gpu = get_model("deepseek-r1"), get_gpu("H200")
+    one = build_deployment(model, gpu, Parallelism(8, ep=8), "sglang", "fp8-block").make_scheduler()
+    ranks = build_deployment(model, gpu, Parallelism(8, ep=8, dp=8), "sglang", "fp8-block").make_scheduler()
+    assert one.init_ratio == pytest.approx(0.7)
+    assert [rank.init_ratio for rank in ranks.ranks] == pytest.approx([0.21] * 8)

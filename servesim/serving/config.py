@@ -38,6 +38,9 @@ class EngineSettings:
     #: its counter reaches this, the counter growing by 1 per decode batch and by 1000 per prefill batch
     #: (managers/scheduler_recv_skipper.py, SchedulerRecvSkipper; weights in environ.py). 1: every iteration.
     scheduler_recv_interval: int = 1
+    #: SGLang --schedule-conservativeness (default 1.0; 0.3 times that with attention data parallelism,
+    #: server_args.py ``_handle_data_parallelism``): scales the new-token ratio its admission starts from.
+    schedule_conservativeness: float = 1.0
 
     def __post_init__(self) -> None:
         if self.scheduler_recv_interval < 1:

@@ -267,6 +267,12 @@ class Sglang(Engine):
         dp = [f"--dp-size {par.dp}", "--enable-dp-attention"] if par.dp > 1 else []
         return [*super().parallel_size_flags(par), *dp]
 
+    def default_settings(self, gpu: GpuSpec, par: Parallelism, release: Release) -> EngineSettings:
+        """The engine's settings; with attention data parallelism SGLang admits with 0.3 times the conservativeness
+        (server_args.py ``_handle_data_parallelism``, 0.5.9)."""
+        settings = super().default_settings(gpu, par, release)
+        return replace(settings, schedule_conservativeness=0.3) if par.dp > 1 else settings
+
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
         """SGLang's defaults for the GPU's memory; with attention data parallelism each rank takes
         ``chunked_prefill_size / dp`` prompt tokens a step (server_args.py ``_handle_data_parallelism``, 0.5.9)."""

@@ -14,7 +14,7 @@ One step, as SGLang forms it (FCFS, page size 1):
 - **Decode batch** of every running request otherwise. When the pool lacks one slot per request, requests are
   retracted (fewest generated tokens first, ties: longest prompt) to the back of the queue until it fits, and the
   ratio jumps to ``(tokens decoded + 20 × running) / Σ max_new_tokens`` (at most 1). After each decode batch the
-  ratio decays linearly towards ``0.14 ×`` its initial 0.7 over 600 steps.
+  ratio decays linearly towards ``0.14 ×`` its initial 0.7 (times ``--schedule-conservativeness``) over 600 steps.
 
 With ``--scheduler-recv-interval N > 1`` (``managers/scheduler_recv_skipper.py``, ``SchedulerRecvSkipper``) the
 scheduler takes new requests off its socket only when a counter reaches N: the counter grows by 1 after a decode
@@ -52,8 +52,8 @@ class SglangScheduler(Scheduler):
         self.chunk_size = cfg.max_num_batched_tokens
         # SGLang caps running requests at half the pool (model_runner.py) besides the configured limit.
         self.max_running = min(cfg.max_num_seqs, kv_tokens // 2)
-        self.init_ratio = INIT_NEW_TOKEN_RATIO
-        self.min_ratio = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.init_ratio = min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0)
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_ratio
         self.chunked: RequestState | None = None  # the one request whose prompt is part-way through

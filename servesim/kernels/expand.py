@@ -377,7 +377,8 @@ def _mlp(ctx: _Ctx, layer: int) -> list[Op]:
     own tokens over its attention GPUs (vLLM) or on the gathered ones over the whole group (SGLang,
     ``EngineKernels.dp_mlp_over_group``)."""
     model = ctx.model
-    gather, scatter = _dp_moe_collectives(ctx) if model.is_moe_layer(layer) or ctx.engine.dp_mlp_over_group else ([], [])
+    gathers = model.is_moe_layer(layer) or ctx.engine.dp_mlp_over_group
+    gather, scatter = _dp_moe_collectives(ctx) if gathers else ([], [])
     # every rank's tokens, as many as this one's (docs/parallelism.md)
     t = ctx.tokens * ctx.dp if gather else ctx.tokens
     # The dense and shared MLPs' GPUs and tokens: the gathered ones where they run over the whole group.
@@ -455,8 +456,6 @@ def _dp_moe_collectives(ctx: _Ctx) -> tuple[list[Collective], list[Collective]]:
                         name="moe.dp_gather")],
             [Collective(op="reduce_scatter", bytes=gathered, group_size=ctx.moe_gpus, dtype=ctx.act,
                         name="moe.dp_scatter")])
-
-
 
 
 def _shared_experts(ctx: _Ctx, tokens: int, tp: int) -> list[Op]:

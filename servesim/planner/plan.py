@@ -264,9 +264,10 @@ def option_tasks(request: PlanRequest) -> list[OptionTask]:
 
 
 def _search_groups(tasks: list[OptionTask], workers: int) -> list[list[int]]:
-    """Task indices grouped by GPU, TP, EP and DP, each group searched in one process (:func:`search_options`), the likely
-    slowest first so that a pool of workers finishes together. While there are fewer groups than ``workers``, the
-    group of most work gives its slowest option a group of its own, so that grouping never leaves a worker idle."""
+    """Task indices grouped by GPU, TP, EP and DP, each group searched in one process (:func:`search_options`), the
+    likely slowest first so that a pool of workers finishes together. While there are fewer groups than
+    ``workers``, the group of most work gives its slowest option a group of its own, so that grouping never leaves
+    a worker idle."""
     by_layout: dict[tuple[str, int, int, int], list[int]] = {}
     for i in sorted(range(len(tasks)), key=lambda i: (-_relative_work(tasks[i]), i)):
         by_layout.setdefault((tasks[i].gpu.name, tasks[i].par.tp, tasks[i].par.ep, tasks[i].par.dp), []).append(i)

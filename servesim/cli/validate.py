@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -153,7 +152,7 @@ def silicon_command(gpus, engines, models, row_ids, estimator, with_aic, plot_pa
         rows = rows[rows["id"].isin(row_ids)]
     cases, skipped = silicon_cases(rows)
     tick, close = _progress(len(cases), "replaying")
-    replayed, refused = replay(cases, estimator, on_case=tick, jobs=jobs or os.cpu_count() or 1)
+    replayed, refused = replay(cases, estimator, on_case=tick, jobs=jobs)
     close()
     skipped += refused
     frame = pd.DataFrame(replayed)
@@ -287,7 +286,7 @@ def results_command(files, model, gpu, engine, tp, pp, dtype, max_num_seqs, max_
     flags = ServerFlags(max_num_seqs, max_num_batched_tokens, prefix_caching, async_scheduling, prompt_cycle)
     cases, not_comparable = result_cases(files, Deployment(model, gpu, engine, tp, pp, dtype), flags=flags)
     tick, close = _progress(len(cases), "replaying")
-    rows, skipped = replay(cases, estimator, on_case=tick, jobs=jobs or os.cpu_count() or 1)
+    rows, skipped = replay(cases, estimator, on_case=tick, jobs=jobs)
     close()
     skipped = not_comparable + skipped
     if not rows:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from servesim.errors import ServesimError
 from servesim.serving.metrics import SimulationResult
 from servesim.serving.overhead import HostOverhead
 from servesim.serving.step_time import StepTimeModel
 from servesim.workloads.request import Workload
+
+if TYPE_CHECKING:
+    from servesim.planner.executor import LocalExecutor
 
 #: Checkpoints of a preset's architecture published under another Hugging Face id (instruction-tuned or
 #: quantised releases). Ids equal to a preset's own ``hf_id`` need no entry.
@@ -204,17 +208,20 @@ def replay(
     overheads: Mapping[str, HostOverhead] | None = None,
     on_case: Callable[[ServingCase], None] | None = None,
     step_models: StepModels | None = None,
-    jobs: int = 1,
+    jobs: int | None = 1,
 ) -> tuple[list[dict[str, object]], list[Skipped]]:
     """Replay every case; returns the rows of the simulated ones and the cases the simulator refused, both in the
     order of ``cases``.
 
     ``overheads`` (engine -> constants) overrides the shipped host-overhead table; ``on_case`` is called after
     each case (progress reporting). Pass ``step_models`` to reuse step-time memos across calls. ``jobs`` above 1
-    replays on that many processes (:func:`replay_groups`), with the same rows.
+    (None: the CPU count) replays on that many processes (:func:`replay_groups`), with the same rows.
     """
-    if jobs > 1 and step_models is None:
-        outcomes = replay_groups(cases, estimator, overheads, jobs, on_case)
+    from servesim.planner.executor import LocalExecutor
+
+    executor = LocalExecutor(jobs)
+    if executor.workers > 1 and step_models is None:
+        outcomes = replay_groups(cases, estimator, overheads, executor, on_case)
     else:
         outcomes = [_outcome(case, result)
                     for case, result in replay_results(cases, step_models or StepModels(estimator, overheads), on_case)]
@@ -240,14 +247,12 @@ def _replay_group(task: tuple[Sequence[ServingCase], str, Mapping[str, HostOverh
 
 
 def replay_groups(cases: Sequence[ServingCase], estimator: str, overheads: Mapping[str, HostOverhead] | None,
-                  jobs: int, on_case: Callable[[ServingCase], None] | None = None
+                  executor: LocalExecutor, on_case: Callable[[ServingCase], None] | None = None
                   ) -> list[dict[str, object] | Skipped]:
-    """The outcome of each case (its row, or why it was refused), in the order of ``cases``, replayed on ``jobs``
-    processes: one task per group of cases that time steps alike (:func:`_timing_group`), the largest first, so
-    each step-time model is built once and the processes finish together. Every simulation is deterministic, so
-    the rows equal a replay in one process."""
-    from servesim.planner.executor import LocalExecutor
-
+    """The outcome of each case (its row, or why it was refused), in the order of ``cases``, replayed by
+    ``executor``'s processes: one task per group of cases that time steps alike (:func:`_timing_group`), the
+    largest first, so each step-time model is built once and the processes finish together. Every simulation is
+    deterministic, so the rows equal a replay in one process."""
     groups: dict[tuple, list[int]] = {}
     for index, case in enumerate(cases):
         groups.setdefault(_timing_group(case), []).append(index)
@@ -260,7 +265,7 @@ def replay_groups(cases: Sequence[ServingCase], estimator: str, overheads: Mappi
                 on_case(cases[i])
 
     outcomes: list[dict[str, object] | Skipped | None] = [None] * len(cases)
-    for indices, results in zip(members, LocalExecutor(jobs).map(_replay_group, tasks, on_done=done)):
+    for indices, results in zip(members, executor.map(_replay_group, tasks, on_done=done)):
         for i, outcome in zip(indices, results):
             outcomes[i] = outcome
     return outcomes

@@ -85,9 +85,8 @@ def _quick_row(est, dtype: str) -> dict:
         "fits": est.fits,
         "weights_gib_per_gpu": memory.weight_bytes / GIB,
         "kv_cache_gib_per_gpu": max(memory.kv_cache_bytes, 0.0) / GIB,
-        "kv_tokens": memory.kv_tokens * est.par.dp,  # every attention data-parallel rank's
-        "max_concurrent_seqs": (memory.max_sequences(est.input_len + est.output_len) * est.par.dp
-                                if est.memory.fits else 0),
+        "kv_tokens": est.kv_tokens,
+        "max_concurrent_seqs": est.max_sequences,
         "ttft_ms": est.ttft_ms,
         "tpot_batch1_ms": est.tpot_batch1_ms,
         "loaded_batch": est.loaded_batch,

@@ -41,6 +41,16 @@ class GpuEstimate:
         return self.memory.fits and self.loaded_batch > 0
 
     @property
+    def kv_tokens(self) -> int:
+        """KV-cache tokens the replica holds: every attention data-parallel rank's pool (one GPU's each)."""
+        return self.memory.kv_tokens * self.par.dp
+
+    @property
+    def max_sequences(self) -> int:
+        """Requests of the option's length the replica's KV cache holds at once, every rank's."""
+        return self.memory.max_sequences(self.input_len + self.output_len) * self.par.dp if self.memory.fits else 0
+
+    @property
     def usd_per_hour(self) -> float:
         return self.gpu.price_usd_per_gpu_hour * self.par.num_gpus
 

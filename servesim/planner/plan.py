@@ -590,7 +590,7 @@ def option_payload(option: OptionPlan, request: PlanRequest) -> dict:
         "usd_per_million_output_tokens": option.usd_per_million_output_tokens,
         "output_tokens_per_s_per_gpu": option.output_tokens_per_s_per_gpu,
         "weights_gib_per_gpu": weights_gib_per_gpu(result),
-        "kv_tokens": result.estimate.memory.kv_tokens * task.par.dp,  # every attention data-parallel rank's
+        "kv_tokens": result.estimate.kv_tokens,
         "unloaded_ms": ({slo.name: v for slo, v in zip(slos, result.unloaded_ms)}
                         if result.unloaded_ms is not None else None),
         "simulations": len(result.probes) + (result.unloaded_ms is not None),

@@ -166,7 +166,8 @@ def test_plan_refuses_a_degree_no_layout_takes_and_names_those_that_work() -> No
         candidate_layouts(model, gpu, None, None, 1, 16)
     assert all(candidate_layouts(model, gpu, None, None, 1, dp) for dp in (2, 4, 8))
     assert {par.dp for par in candidate_layouts(model, gpu, 8, 1, 8, None)} == {1, 8}  # --dp search
-    with pytest.raises(ServesimError, match="llama3-70b has no experts; drop --dp"):
+    with pytest.raises(ServesimError, match="llama3-70b has no experts; serve copies of it with --replicas instead "
+                                            "and drop --dp"):
         candidate_layouts(get_model("llama3-70b"), get_gpu("H100"), None, None, 1, 2)
 
 

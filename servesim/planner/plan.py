@@ -153,8 +153,8 @@ def candidate_layouts(model: ModelConfig, gpu: GpuSpec, tp: int | None, pp: int 
         for flag, degree, what in (("--ep", ep, "EP"), ("--dp", dp, "DP")):
             if degree in (None, 1):
                 continue
-            if not model.is_moe:
-                raise ServesimError(f"{flag} applies to MoE models and {model.name} has no experts; drop {flag}")
+            if not model.is_moe:  # the layout check's own refusal of the flag for a dense model
+                validate_parallelism(model, Parallelism(degree, **{flag[2:]: degree}))
             working = [d for d in divisors if d > 1 and _degree_fits(model, gpu, tp, pp, flag, d)]
             fix = f"{flag} {' or '.join(map(str, working))}, or {flag} 1" if working else f"{flag} 1"
             raise ServesimError(f"no layout of {model.name} within one {gpu.name} node ({node} GPUs) has a TP that "

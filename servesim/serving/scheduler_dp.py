@@ -10,11 +10,11 @@ per rank and forms the ranks' steps as one :class:`RankedStep`, whose time is it
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from servesim.errors import ServesimError
+from servesim.serving.router import make_router
 from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import RequestState, Step
 from servesim.serving.step_cache import step_time_us
@@ -38,23 +38,18 @@ def ranked_step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, t
     return max(t[0] for t in times), tuple(max(stages) for stages in zip(*(t[1] for t in times)))
 
 
-def _least_loaded(ranks: Sequence[Scheduler]) -> int:
-    """vLLM's API server: the rank with the lowest ``4 × waiting + running`` (``DPLBAsyncMPClient``,
-    v1/engine/core_client.py, 0.19.0), the lowest index among equals."""
-    return min(range(len(ranks)), key=lambda i: 4 * len(ranks[i].waiting) + len(ranks[i].running))
+def _vllm_load(rank: Scheduler) -> int:
+    """vLLM's API server weighs a rank by ``4 × waiting + running`` (``DPLBAsyncMPClient``,
+    v1/engine/core_client.py, 0.19.0)."""
+    return 4 * len(rank.waiting) + len(rank.running)
 
 
-def _round_robin() -> Callable[[Sequence[Scheduler]], int]:
-    """SGLang's data-parallel controller by default (``--load-balance-method auto``: round robin,
-    managers/data_parallel_controller.py, 0.5.9)."""
-    turn = itertools.count()
-    return lambda ranks: next(turn) % len(ranks)
-
-
-#: How each engine hands a request to one of its ranks.
-RANK_BALANCERS: dict[str, Callable[[], Callable[[Sequence[Scheduler]], int]]] = {
-    "least_loaded": lambda: _least_loaded,
-    "round_robin": _round_robin,
+#: How each engine hands a request to one of its ranks: a router (servesim/serving/router.py) over each rank's load.
+#: vLLM takes the least loaded rank, the lowest index among equals; SGLang's data-parallel controller takes turns
+#: (``--load-balance-method auto``: round robin, managers/data_parallel_controller.py, 0.5.9).
+RANK_BALANCERS: dict[str, tuple[str, Callable[[Scheduler], int]]] = {
+    "least_loaded": ("least_outstanding", _vllm_load),
+    "round_robin": ("round_robin", lambda rank: rank.outstanding()),
 }
 
 
@@ -66,7 +61,8 @@ class DataParallelScheduler:
         if balancer not in RANK_BALANCERS:
             raise ServesimError(f"unknown rank balancer {balancer!r}; use one of {', '.join(RANK_BALANCERS)}")
         self.ranks = tuple(ranks)
-        self._pick = RANK_BALANCERS[balancer]()
+        router, self._load = RANK_BALANCERS[balancer]
+        self._route = make_router(router)
         self._rank_of: dict[int, Scheduler] = {}
 
     @property
@@ -105,7 +101,7 @@ class DataParallelScheduler:
         return sum(rank.outstanding() for rank in self.ranks)
 
     def add(self, req: RequestState) -> None:
-        rank = self.ranks[self._pick(self.ranks)]
+        rank = self.ranks[self._route([self._load(rank) for rank in self.ranks])]
         self._rank_of[req.rid] = rank
         rank.add(req)
 

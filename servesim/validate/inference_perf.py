@@ -164,14 +164,23 @@ def _stage_run(folder: Path, index: int, stage: Any, config: _Doc, data: SharedP
         reason = "output_len below 2 has no time per output token"
     else:
         reason = None
-    rng = np.random.default_rng(seed_rng.integers(2**63))
+    return measured_stage(run_id, data, _arrivals(config, kind, rate, duration), sent, ttft_ms, e2e_ms, mean_prompt,
+                          np.random.default_rng(seed_rng.integers(2**63)), deployment, server, reason)
+
+
+def measured_stage(run_id: str, data: SharedPrefixData, arrivals: ArrivalProcess, sent: int, ttft_ms: float,
+                   e2e_ms: float, mean_prompt: float, rng: np.random.Generator, deployment: Deployment,
+                   server: ServerFlags, not_comparable: str | None = None) -> MeasuredRun:
+    """One load stage of ``data``'s prompts as a measured run: ``sent`` requests at ``arrivals`` whose prompts
+    average ``mean_prompt`` tokens (``rng`` shuffles them), and the stage's mean TTFT and E2E."""
+    output = data.output_tokens
     return MeasuredRun(
         run_id=run_id, file_format="inference-perf", model_id=deployment.model,
         prompt_tokens=np.full(sent, max(2, round(mean_prompt))), output_tokens=np.full(sent, output),
-        concurrency=None, arrivals=_arrivals(config, kind, rate, duration),
+        concurrency=None, arrivals=arrivals,
         measured_ttft_ms=ttft_ms, measured_tpot_ms=(e2e_ms - ttft_ms) / max(1, output - 1), deployment=deployment,
         measured_e2e_ms=e2e_ms, prefixes=data.prompts(rng, sent, mean_prompt), server=server,
-        not_comparable=reason,
+        not_comparable=not_comparable,
     )
 
 

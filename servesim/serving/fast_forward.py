@@ -137,11 +137,11 @@ def _relaunch(replica: _Replica, queue: deque[RelaunchBatch], horizon_s: float, 
         launches += records
         if records:
             log.extend(rows[:records])
-            if len(batches) == 1:
-                batches[0].times_s.extend(launched[:records, 0].tolist())
-            else:
-                for other, batch in enumerate(batches):
-                    batch.times_s.extend(launched[:records, 0][launched[:records, 1] == other].tolist())
+            # The loop relaunches the batches in turn, so batch k's records are every len(batches)-th from its
+            # first.
+            first = int(launched[0, 1])
+            for other, batch in enumerate(batches):
+                batch.times_s.extend(launched[(other - first) % len(batches):records:len(batches), 0].tolist())
         if status == _STOPPED:
             break
         pool[4] = 0  # the buffer was full and is passed on

@@ -36,6 +36,7 @@ class VllmScheduler(Scheduler):
         self.token_budget = cfg.max_num_batched_tokens
         self.max_num_seqs = cfg.max_num_seqs
         self.chunked_prefill = cfg.enable_chunked_prefill
+        self._launch_residues = -np.arange(self.block_size) % self.block_size  # decode_blocks' order
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -81,8 +82,7 @@ class VllmScheduler(Scheduler):
         """Blocks that successive decode launches of requests at ``contexts`` (tokens cached at the first launch)
         take: launch ``k`` takes element ``k % block_size``. A request takes a block whenever its context is a
         whole number of blocks, since it holds exactly the blocks its context needs."""
-        counts = np.bincount(contexts % self.block_size, minlength=self.block_size)
-        return counts[-np.arange(self.block_size) % self.block_size]
+        return np.bincount(contexts % self.block_size, minlength=self.block_size)[self._launch_residues]
 
     def decode_launched(self, launches: int = 1) -> None:
         """``launches`` decode micro-batches were launched without :meth:`schedule` (no state besides the pool

@@ -239,6 +239,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
 
     def horizon_s(replica: _Replica) -> float:
         """When something outside ``replica`` happens next."""
+        if len(fleet) == 1:
+            return arrivals[0][0] if arrivals else math.inf
         others = [event[0] for event in completions if event[2] is not replica]
         return min(arrivals[0][0] if arrivals else math.inf, min(others, default=math.inf))
 

@@ -9,7 +9,6 @@ engines do; tokens already streamed to the client stay streamed.
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,29 +140,46 @@ STEP_LOG_COLUMNS = ("replica", "start_s", "end_s", "num_requests", "num_tokens",
 class StepLog:
     """The simulator's record of every step it launched, in launch order: a row of :data:`STEP_LOG_COLUMNS` per
     step, appended one at a time by the event loop (:meth:`append`, a tuple) and as arrays of many rows by
-    fast-forward (:meth:`extend`), so that a decode stretch's steps are never made into tuples. Each column is
-    one typed buffer (float64 times, int64 counts) that :meth:`column` hands over without a copy, so that the
-    result's step record takes no memory beyond the log's."""
+    fast-forward (:meth:`extend`). Rows gather as float64 blocks (counts are exact in float64: below 2^53), single
+    rows in a list that becomes a block every :data:`ROWS_PER_BLOCK` rows or before a block of many, so that
+    recording a step costs a list append and a decode stretch one copy, and the log's memory stays a few words a
+    step. :meth:`column` joins the blocks once."""
 
-    __slots__ = ("_columns",)
+    #: Rows appended one at a time that are kept as tuples before they become a block.
+    ROWS_PER_BLOCK = 4096
+
+    __slots__ = ("_rows", "_blocks", "_table")
 
     def __init__(self) -> None:
-        self._columns = tuple(array("d" if name.endswith("_s") else "q") for name in STEP_LOG_COLUMNS)
+        self._rows: list[tuple] = []
+        self._blocks: list[np.ndarray] = []
+        self._table: np.ndarray | None = None  # the columns of every row, once joined
 
     def append(self, row: tuple) -> None:
-        for column, value in zip(self._columns, row):
-            column.append(value)
+        self._rows.append(row)
+        if len(self._rows) == self.ROWS_PER_BLOCK:
+            self._block_rows()
 
     def extend(self, rows: np.ndarray) -> None:
-        """Rows of many steps, a float64 array of :data:`STEP_LOG_COLUMNS` columns (counts exact in it), copied."""
-        for column, values in zip(self._columns, rows.T):
-            column.frombytes(values.astype(column.typecode).tobytes())
+        """Rows of many steps, a float64 array of :data:`STEP_LOG_COLUMNS` columns, copied."""
+        self._block_rows()
+        self._blocks.append(rows.copy())
+
+    def _block_rows(self) -> None:
+        if self._rows:
+            self._blocks.append(np.array(self._rows, dtype=np.float64))
+            self._rows = []
+        self._table = None
 
     def column(self, name: str) -> np.ndarray:
-        """One column over every row, in launch order: float64 for times, int64 for counts. A view of the log's
-        buffer, which cannot grow while the view lives."""
-        column = self._columns[STEP_LOG_COLUMNS.index(name)]
-        return np.frombuffer(column, dtype=column.typecode)
+        """One column over every row, in launch order: float64 for times, int64 for counts."""
+        if self._table is None or self._rows:
+            self._block_rows()
+            rows = np.concatenate(self._blocks) if self._blocks else np.zeros((0, len(STEP_LOG_COLUMNS)))
+            self._table = np.ascontiguousarray(rows.T)
+            self._blocks = [self._table.T]  # a view: the rows are kept once
+        values = self._table[STEP_LOG_COLUMNS.index(name)]
+        return values if name.endswith("_s") else values.astype(np.int64)
 
 
 class GapCounter:
@@ -240,7 +256,7 @@ class RequestLog:
 
     def finish(self, req: RequestState) -> None:
         """Record a request that has sampled its last token."""
-        rid, times = req.rid, np.array(req.token_times_s)
+        rid, times = req.rid, req.token_times_s
         self.issue_s[rid] = req.issue_s
         self.first_scheduled_s[rid] = req.first_scheduled_s
         self.first_token_s[rid] = req.first_token_s
@@ -251,6 +267,6 @@ class RequestLog:
             start = int(self.token_offsets[rid])
             self.token_times_s[start:start + req.output] = times
         else:
-            self.gaps.add(times)
+            self.gaps.add(np.array(times))
         req.token_times_s = None
         self.finished += 1

@@ -67,7 +67,7 @@ def _blocks(batch: RelaunchBatch, scheduler) -> list[int]:
     """The batch's block pattern (``decode_blocks``), read from its requests the first time it is needed: they
     cannot change while the batch is in flight."""
     if batch.blocks is None:
-        batch.blocks = scheduler.decode_blocks(np.array([r.computed + 1 for r in batch.step.requests])).tolist()
+        batch.blocks = scheduler.decode_blocks(batch.step.requests)
     return batch.blocks
 
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import attrgetter
 
-import numpy as np
-
 from servesim.serving.config import EngineSettings
 from servesim.serving.scheduler import Scheduler
 from servesim.serving.state import RequestState, Step, make_step
@@ -76,9 +74,9 @@ class SglangScheduler(Scheduler):
         reached."""
         return self.chunked is None and (not self.waiting or len(self.running) >= self.max_running)
 
-    def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
-        """Token slots that successive decode launches of requests at ``contexts`` take: one each, every launch."""
-        return np.array([len(contexts)])
+    def decode_blocks(self, requests: Sequence[RequestState]) -> list[int]:
+        """Token slots that successive decode launches of ``requests`` take: one each, every launch."""
+        return [len(requests)]
 
     def decode_launched(self, launches: int = 1) -> None:
         """``launches`` decode micro-batches were launched without :meth:`schedule`: the new-token ratio decays as

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from servesim.kernels.batch import PrefillChunk
 from servesim.serving.config import EngineSettings
 from servesim.serving.scheduler import Scheduler
@@ -36,7 +34,6 @@ class VllmScheduler(Scheduler):
         self.token_budget = cfg.max_num_batched_tokens
         self.max_num_seqs = cfg.max_num_seqs
         self.chunked_prefill = cfg.enable_chunked_prefill
-        self._launch_residues = -np.arange(self.block_size) % self.block_size  # decode_blocks' order
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -78,11 +75,16 @@ class VllmScheduler(Scheduler):
         need = -(-(req.computed + hit + new) // self.block_size) - req.kv_held - hit // self.block_size
         return None if need + pinned > self.available else (new, need, path, hit)
 
-    def decode_blocks(self, contexts: np.ndarray) -> np.ndarray:
-        """Blocks that successive decode launches of requests at ``contexts`` (tokens cached at the first launch)
-        take: launch ``k`` takes element ``k % block_size``. A request takes a block whenever its context is a
-        whole number of blocks, since it holds exactly the blocks its context needs."""
-        return np.bincount(contexts % self.block_size, minlength=self.block_size)[self._launch_residues]
+    def decode_blocks(self, requests: Sequence[RequestState]) -> list[int]:
+        """Blocks that successive decode launches of ``requests`` take: launch ``k`` takes element ``k % block_size``.
+        A request takes a block whenever its context is a whole number of blocks, since it holds exactly the
+        blocks its context needs: launch ``k`` of a request at context ``c`` (tokens cached at the first launch)
+        takes one when ``(c + 1 + k) % block_size == 0``."""
+        block_size = self.block_size
+        counts = [0] * block_size  # requests by the residue of their context at the first launch
+        for req in requests:
+            counts[(req.computed + 1) % block_size] += 1
+        return [counts[-k % block_size] for k in range(block_size)]
 
     def decode_launched(self, launches: int = 1) -> None:
         """``launches`` decode micro-batches were launched without :meth:`schedule` (no state besides the pool

@@ -17,7 +17,7 @@ from servesim.models.parallel import Parallelism
 from servesim.serving import simulator
 from servesim.serving.deployment import build_deployment
 from servesim.serving.metrics import PERCENTILES, GapCounts, counted_percentiles
-from servesim.serving.state import GapCounter, RequestState, merge_counts
+from servesim.serving.state import STEP_LOG_COLUMNS, GapCounter, RequestState, StepLog, merge_counts
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.trace import chrome_trace
 from servesim.workloads import build_workload
@@ -134,3 +134,31 @@ def test_counted_percentiles_and_merges_are_numpys(first, second, percentile):
                           *np.unique(np.array(second, dtype=np.int64) / 7, return_counts=True))
     np.testing.assert_array_equal(merged[0], values)
     np.testing.assert_array_equal(merged[1], counts)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2_000), min_size=1, max_size=8))
+def test_step_log_keeps_launch_order_and_exact_counts(batches):
+    """Single rows and blocks of many come back in the order they were logged, counts as exact integers, however
+    they interleave and whenever the rows turn into blocks."""
+    log, expected = StepLog(), []
+    step = 0
+    for i, size in enumerate(batches):
+        if i % 2:  # a decode stretch logged as one block
+            rows = np.array([(0, s * 0.5, s * 0.5 + 0.25, 3, 3, 0, 3, 2**52 + s) for s in range(step, step + size)],
+                            dtype=np.float64).reshape(-1, len(STEP_LOG_COLUMNS))
+            log.extend(rows)
+            expected += rows.tolist()
+        else:
+            for s in range(step, step + size):
+                row = (0, s * 0.5, s * 0.5 + 0.25, 1, 100, 99, 0, 2**52 + s)
+                log.append(row)
+                expected.append(list(row))
+        step += size
+        if i == len(batches) // 2:
+            log.column("start_s")  # a read in between: later rows still join the log
+    expected = np.array(expected, dtype=np.float64).reshape(-1, len(STEP_LOG_COLUMNS))
+    for i, name in enumerate(STEP_LOG_COLUMNS):
+        column = log.column(name)
+        assert column.dtype == (np.float64 if name.endswith("_s") else np.int64)
+        assert column.tolist() == (expected[:, i] if name.endswith("_s") else expected[:, i].astype(np.int64)).tolist()

@@ -1,13 +1,14 @@
 """servesim against inference-sim's published vLLM measurements on H100, A100 and L40S.
 
-    .venv/bin/python benchmarks/eval_inference_sim_runs.py ERROR_RECORDS_CSV [--gpu H100|A100-80GB|L40S]
+    .venv/bin/python benchmarks/eval_inference_sim_runs.py ERROR_RECORDS_CSV... [--gpu H100|A100-80GB|L40S]
         [--jobs N] [--rows]
 
 inference-sim's comparison of serving simulators (github.com/inference-sim/sim-to-real-accuracy-validation)
 publishes, per experiment and load stage, what vLLM 0.15.1 measured: the ``actual`` column of its
 ``results_iter24/error_records.csv`` (commit 8fb2a1b; ``git show 8fb2a1b:results_iter24/error_records.csv`` in a
-clone), the mean TTFT and E2E of each stage of 38 experiments. That repository carries no licence, so servesim
-ships none of its numbers: give the file's path. The runs' raw folders are not published; what is replayed:
+clone), the mean TTFT and E2E of each stage of 38 experiments, and ``results_trainval/error_records.csv`` those
+of 15 more on H100. That repository carries no licence, so servesim ships none of its numbers: give the files'
+paths (an experiment in several files is replayed once). The runs' raw folders are not published; what is replayed:
 
 - **Workloads**: inference-perf ``shared_prefix`` prompts, 10 groups × 10 prompts (the configs of inference-sim's
   published H100 runs of these profiles, github.com/inference-sim/training ``default_args/*/results/config.yaml``),
@@ -16,7 +17,8 @@ ships none of its numbers: give the file's path. The runs' raw folders are not p
   and L40S experiments are ``general-lite``, whose stages (2.5 then 6 requests/s) that file gives for its H100
   experiments of that profile.
 - **Server**: vLLM 0.15.1 (inference-sim's runs used its stock release), ``max_num_seqs`` 128 and the experiment's
-  ``max_num_batched_tokens``, BF16 weights; ``A100-80GB`` is taken as the SXM card. Not replayed: the memory
+  ``max_num_batched_tokens``, its precision (FP16 as BF16, FP8 as W8A8: :data:`PRECISIONS`); ``A100-80GB`` is
+  taken as the SXM card. Not replayed: the memory
   fraction (0.95 in two experiments, servesim's default is vLLM's 0.9) and CPU KV offloading (nine H100
   experiments), which matter only once the KV cache is full.
 
@@ -36,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.cli.output import Column, render_table
+from servesim.errors import ServesimError
 from servesim.validate.inference_perf import ScaledExponential, SharedPrefixData, measured_stage
 from servesim.validate.replay import replay
 from servesim.validate.report import grouped_errors
@@ -52,6 +55,9 @@ PROFILES = {
 }
 GROUPS, PROMPTS_PER_GROUP = 10, 10
 GPUS = {"H100": "H100-SXM", "A100-80GB": "A100-SXM-80GB", "L40S": "L40S"}
+#: The weights: FP16 runs as BF16 (the same kernels' times), FP8 as W8A8 (the FP8-dynamic checkpoint: per-channel
+#: weights, per-token activations).
+PRECISIONS = {"FP16": "bf16", "BF16": "bf16", "FP8": "fp8"}
 RELEASE = "vllm==0.15.1"
 MAX_NUM_SEQS = 128
 
@@ -84,7 +90,8 @@ def stage_case(record: dict, seed: int):
     (system, question, output), stages = PROFILES[profile]
     rate, duration = stages[record["stage"]]
     data = SharedPrefixData(GROUPS, PROMPTS_PER_GROUP, system, question, output)
-    deployment = Deployment(model=row["model"], gpu=GPUS[row["hardware"]], engine=RELEASE, tp=int(row["tp"]))
+    deployment = Deployment(model=row["model"], gpu=GPUS[row["hardware"]], engine=RELEASE, tp=int(row["tp"]),
+                            dtype=PRECISIONS[row["precision"]])
     server = ServerFlags(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=int(row["max_num_batched_tokens"]))
     run = measured_stage(f"{record['experiment']}#{record['stage']} @{rate:g}/s", data,
                          ScaledExponential(rate, duration), int(rate * duration), record["ttft_mean"],
@@ -95,18 +102,28 @@ def stage_case(record: dict, seed: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("error_records", type=Path, help="results_iter24/error_records.csv of "
-                                                         "inference-sim/sim-to-real-accuracy-validation")
+    parser.add_argument("error_records", type=Path, nargs="+",
+                        help="results_iter24/error_records.csv (or results_trainval/) of "
+                             "inference-sim/sim-to-real-accuracy-validation")
     parser.add_argument("--gpu", choices=sorted(GPUS), help="only this GPU's experiments")
     parser.add_argument("--jobs", type=int, default=None, help="replay processes (default: the CPU count)")
     parser.add_argument("--rows", action="store_true", help="print a row per stage")
     args = parser.parse_args()
-    if not args.error_records.is_file():
-        sys.exit(f"error: {args.error_records}: no such file; give results_iter24/error_records.csv of "
-                 f"inference-sim/sim-to-real-accuracy-validation")
-    records = [r for r in read_stages(args.error_records) if args.gpu in (None, r["row"]["hardware"])]
-    cases = [stage_case(record, seed=0) for record in records]
+    for path in args.error_records:
+        if not path.is_file():
+            sys.exit(f"error: {path}: no such file; give results_iter24/error_records.csv of "
+                     f"inference-sim/sim-to-real-accuracy-validation")
+    stages = {(r["experiment"], r["stage"]): r for path in args.error_records for r in read_stages(path)}
+    records = [r for r in stages.values() if args.gpu in (None, r["row"]["hardware"])]
+    cases, refused = [], []
+    for record in records:
+        try:
+            cases.append(stage_case(record, seed=0))
+        except ServesimError as exc:  # a model without a preset
+            refused.append(str(exc))
     rows, skipped = replay(cases, "mlp", jobs=args.jobs)
+    if not rows:
+        sys.exit(f"error: none of the {len(records)} stages could be replayed: {refused[:1] or skipped[:1]}")
     frame = pd.DataFrame(rows)
     frame["profile"] = [profile_of(case_id.split("#")[0]) for case_id in frame["case_id"]]
     summary_columns = [Column("rows", "stages", "d")] + [
@@ -125,8 +142,8 @@ def main() -> None:
                                   Column("tpot_error", "TPOT err", "+.1%"),
                                   Column("measured_e2e_ms", "E2E meas.", ",.0f"),
                                   Column("e2e_error", "E2E err", "+.1%")], "per stage"))
-    for item in skipped:
-        print(f"not replayed: {item.case_id}: {item.reason}")
+    for reason in [*refused, *(f"{item.case_id}: {item.reason}" for item in skipped)]:
+        print(f"not replayed: {reason}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ CHECKPOINT_PRESETS: Mapping[str, str] = {
     "zhipuai/GLM-5": "glm-5",
     "deepseek-ai/DeepSeek-V2-Lite": "deepseek-v2-lite",
     "meta-llama/Llama-4-Scout-17B-16E": "llama4-scout",
+    "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic": "llama4-scout",
     "meta-llama/Llama-4-Maverick-17B-128E": "llama4-maverick",
     "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8": "llama4-maverick",
 }

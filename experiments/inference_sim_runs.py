@@ -1,6 +1,6 @@
 """servesim against inference-sim's published vLLM measurements on H100, A100 and L40S.
 
-    .venv/bin/python benchmarks/eval_inference_sim_runs.py ERROR_RECORDS_CSV... [--gpu H100|A100-80GB|L40S]
+    .venv/bin/python experiments/inference_sim_runs.py ERROR_RECORDS_CSV... [--gpu H100|A100-80GB|L40S]
         [--jobs N] [--rows]
 
 inference-sim's comparison of serving simulators (github.com/inference-sim/sim-to-real-accuracy-validation)

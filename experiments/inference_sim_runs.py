@@ -54,6 +54,9 @@ PROFILES = {
     "reasoning-lite": ((100, 934, 1448), ((1.0, 1200),)),
 }
 GROUPS, PROMPTS_PER_GROUP = 10, 10
+#: The columns of an error-records file this reads.
+COLUMNS = ("experiment_folder", "stage_index", "metric_name", "actual", "model", "hardware", "tp", "precision",
+           "max_num_batched_tokens")
 GPUS = {"H100": "H100-SXM", "A100-80GB": "A100-SXM-80GB", "L40S": "L40S"}
 #: The weights: FP16 runs as BF16 (the same kernels' times), FP8 as W8A8 (the FP8-dynamic checkpoint: per-channel
 #: weights, per-token activations).
@@ -64,7 +67,10 @@ MAX_NUM_SEQS = 128
 
 def profile_of(experiment: str) -> str:
     """The workload profile an experiment folder's name gives (``36-qwen3-14b-tp1-general-lite-1``)."""
-    return max((name for name in PROFILES if f"-{name}" in experiment), key=len)
+    names = [name for name in PROFILES if f"-{name}" in experiment]
+    if not names:
+        raise ServesimError(f"{experiment}: its name gives no known profile ({', '.join(PROFILES)})")
+    return max(names, key=len)
 
 
 def read_stages(path: Path) -> list[dict]:
@@ -72,7 +78,12 @@ def read_stages(path: Path) -> list[dict]:
     measured: dict[tuple[str, int], dict] = defaultdict(dict)
     settings = {}
     with path.open(newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
+        reader = csv.DictReader(handle)
+        missing = sorted(set(COLUMNS) - set(reader.fieldnames or ()))
+        if missing:
+            sys.exit(f"error: {path}: lacks the column(s) {', '.join(missing)}; give an error_records.csv of "
+                     f"inference-sim/sim-to-real-accuracy-validation")
+        for row in reader:
             stage = int(row["stage_index"])
             if stage < 0 or row["metric_name"] not in ("ttft_mean", "e2e_mean"):
                 continue
@@ -119,7 +130,7 @@ def main() -> None:
     for record in records:
         try:
             cases.append(stage_case(record, seed=0))
-        except ServesimError as exc:  # a model without a preset
+        except ServesimError as exc:  # a model without a preset, an unknown profile
             refused.append(str(exc))
     rows, skipped = replay(cases, "mlp", jobs=args.jobs)
     if not rows:

@@ -136,7 +136,6 @@ def main() -> None:
     if not rows:
         sys.exit(f"error: none of the {len(records)} stages could be replayed: {refused[:1] or skipped[:1]}")
     frame = pd.DataFrame(rows)
-    frame["profile"] = [profile_of(case_id.split("#")[0]) for case_id in frame["case_id"]]
     summary_columns = [Column("rows", "stages", "d")] + [
         Column(f"{metric}_{kind}_pct", f"{label} {'MAPE' if kind == 'mape' else 'bias'} %", "+.1f" if kind == "bias"
                else ".1f") for metric, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))

@@ -175,9 +175,13 @@ class StepLog:
         """One column over every row, in launch order: float64 for times, int64 for counts."""
         if self._table is None or self._rows:
             self._block_rows()
-            rows = np.concatenate(self._blocks) if self._blocks else np.zeros((0, len(STEP_LOG_COLUMNS)))
-            self._table = np.ascontiguousarray(rows.T)
-            self._blocks = [self._table.T]  # a view: the rows are kept once
+            table = np.empty((len(STEP_LOG_COLUMNS), sum(len(block) for block in self._blocks)))
+            start = 0
+            for block in self._blocks:
+                table[:, start:start + len(block)] = block.T
+                start += len(block)
+            self._table = table
+            self._blocks = [table.T]  # a view: the rows are kept once
         values = self._table[STEP_LOG_COLUMNS.index(name)]
         return values if name.endswith("_s") else values.astype(np.int64)
 

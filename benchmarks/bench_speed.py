@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/bench_speed.py [--only simulate-100k,readme-plan,...] [--repeat 1] [--first-run]
 
 Runs each command as ``servesim ARGS --json`` with the step store (servesim/planner/step_store.py) in a fresh
-temporary folder, so that runs on different code or machines compare: a plan runs once to fill the store (its time
-is the "empty store" figure) and then ``--repeat`` times more with it filled; a simulate, which does not use the
-store, runs ``--repeat`` times. numba's cache is whatever the installation has: run any command once after
+temporary folder, so that runs on different code or machines compare: a plan or a simulate runs once to fill the
+store (its time is the "empty store" figure) and then ``--repeat`` times more with it filled; ``latency``, which
+does not use the store, runs ``--repeat`` times. numba's cache is whatever the installation has: run any command once after
 installing. ``--first-run`` first runs each command as the first one after an install does, with numba's cache
 (``NUMBA_CACHE_DIR``) and the step store in new empty folders. Prints one row per command: the median wall time of
 the repeats, the empty-store time and the first-run time.
@@ -63,10 +63,11 @@ def first_run_s(args: str) -> float:
 
 
 def measure(args: str, repeat: int, first_run: bool) -> dict:
-    """The command's row: median wall time of ``repeat`` runs, after one that fills the store for a plan."""
+    """The command's row: median wall time of ``repeat`` runs, after one that fills the store for a plan or a
+    simulation."""
     first_s = first_run_s(args) if first_run else None
     with tempfile.TemporaryDirectory() as store:
-        empty_s = wall_s(args, store) if args.startswith("plan") else None
+        empty_s = wall_s(args, store) if args.startswith(("plan", "simulate")) else None
         times = [wall_s(args, store) for _ in range(repeat)]
     return {"command": f"servesim {args}", "wall_s": statistics.median(times),
             "empty_store_s": empty_s, "first_run_s": first_s}

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servesim.errors import ServesimError
-from servesim.estimator import get_estimator
 from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
@@ -259,6 +258,28 @@ def test_simulate_cli_json_and_files(tmp_path):
     assert payload["summary"]["goodput_req_per_s"] > 0
     assert json.loads(trace.read_text())["traceEvents"]
     assert len(csv.read_text().splitlines()) == 21
+
+
+def test_simulate_cli_keeps_step_times_for_the_next_run(tmp_path, monkeypatch):
+    """A second simulation of the deployment reads the step times the first kept and predicts none of them again;
+    its output is the same as with nothing kept."""
+    from servesim.cli.serving import simulate_command
+    from servesim.serving import step_cache
+
+    args = ["--model", "llama3-8b", "--workload", "splitwise-conv", "-n", "60", "--qps", "4", "--json"]
+    monkeypatch.setenv("SERVESIM_CACHE_DIR", "")
+    nothing_kept = CliRunner().invoke(simulate_command, args)
+    monkeypatch.setenv("SERVESIM_CACHE_DIR", str(tmp_path))
+    spans = []
+    predict = step_cache.decode_span
+    monkeypatch.setattr(step_cache, "decode_span", lambda *a: spans.append(a) or predict(*a))
+    first = CliRunner().invoke(simulate_command, args)
+    predicted = len(spans)
+    again = CliRunner().invoke(simulate_command, args)
+    assert nothing_kept.exit_code == first.exit_code == again.exit_code == 0, first.output
+    assert predicted and len(spans) == predicted
+    assert again.output == first.output == nothing_kept.output
+    assert len(list(tmp_path.rglob("*.npz"))) == 1
 
 
 def test_latency_cli_mirrors_vllm_bench_latency():

@@ -1,5 +1,6 @@
-"""Step times kept between plans: each option's step-time model starts from the memos that earlier plans of the
-same deployment left on disk, and leaves its own for the next.
+"""Step times kept between plans and simulations: each option's step-time model (and ``servesim simulate``'s)
+starts from the memos that earlier plans and simulations of the same deployment left on disk, and leaves its own
+for the next.
 
 About half of a capacity search's time goes into predicting step times (the kernels of batches not met before:
 docs/performance.md). Those depend on the deployment's timing identity (model, GPU, layout, engine release,

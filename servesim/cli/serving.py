@@ -183,7 +183,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
     servesim simulate --model llama3-70b --tp 4 --engine sglang --workload fixed:1024:256 --concurrency 16
     """
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
-    from servesim.planner.step_store import load_memos, memo_entries, save_memos
+    from servesim.planner.step_store import kept_step_times
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload, parse_columns
 
@@ -195,13 +195,10 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
                               cv=cv, columns=mapping)
-    load_memos(step_model)  # step times earlier runs of this deployment kept (servesim/planner/step_store.py)
-    known = memo_entries(step_model)
-    with _progress(len(workload)) as progress:
+    # from the step times earlier runs of this deployment kept (servesim/planner/step_store.py)
+    with kept_step_times(step_model), _progress(len(workload)) as progress:
         result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed,
                           progress=progress)
-    if memo_entries(step_model) > known:
-        save_memos(step_model)
     summary = result.summary()
     summary.update(_overload(result, workload))
     if slos:

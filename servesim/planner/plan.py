@@ -30,7 +30,7 @@ from servesim.planner.search import (
     step_model,
 )
 from servesim.planner.slo import METRIC_LABELS, Slo, ms
-from servesim.planner.step_store import load_memos, memo_entries, save_memos
+from servesim.planner.step_store import kept_step_times
 from servesim.serving.deployment import Deployment, build_deployment, served_kv_cache_dtype
 from servesim.serving.engines import Release, parse_engine
 from servesim.serving.step_time import StepTimeModel
@@ -303,11 +303,8 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
                dep.estimator)
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
-        load_memos(steps)
-        known = memo_entries(steps)
-        results.append(search_capacity(task, steps))
-        if memo_entries(steps) > known:
-            save_memos(steps)
+        with kept_step_times(steps):
+            results.append(search_capacity(task, steps))
     return results
 
 

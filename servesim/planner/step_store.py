@@ -22,6 +22,7 @@ costs time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -97,9 +99,21 @@ def load_memos(steps: StepTimeModel) -> None:
         getattr(steps, name).update(memos.get(name, {}))
 
 
-def memo_entries(steps: StepTimeModel) -> int:
-    """How many entries the kept memos of ``steps`` hold: a search that added none has nothing to store."""
+def _memo_entries(steps: StepTimeModel) -> int:
+    """How many entries the kept memos of ``steps`` hold: a run that added none has nothing to store."""
     return sum(len(getattr(steps, name)) for name in MEMOS)
+
+
+@contextlib.contextmanager
+def kept_step_times(steps: StepTimeModel) -> Iterator[StepTimeModel]:
+    """``steps`` with the stored memos of its deployment added (:func:`load_memos`) for the ``with`` block, which
+    stores them again with those the block added (:func:`save_memos`) when it ends without an error and added
+    some."""
+    load_memos(steps)
+    known = _memo_entries(steps)
+    yield steps
+    if _memo_entries(steps) > known:
+        save_memos(steps)
 
 
 def save_memos(steps: StepTimeModel) -> None:

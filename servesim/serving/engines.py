@@ -24,11 +24,11 @@ from servesim.serving.config import EngineSettings
 from servesim.serving.overhead import (HOST_OVERHEAD, VLLM_0_15_1_DEVICE_STEP_US, VLLM_REQUEST_LATENCY_US,
                                        HostOverhead)
 from servesim.serving.scheduler import Scheduler
+from servesim.serving.scheduler_sglang import SglangScheduler
+from servesim.serving.scheduler_vllm import VllmScheduler
 
 if TYPE_CHECKING:
     from servesim.serving.scheduler_dp import DataParallelScheduler
-from servesim.serving.scheduler_sglang import SglangScheduler
-from servesim.serving.scheduler_vllm import VllmScheduler
 
 #: vLLM's non-torch memory per GPU (CUDA context, NCCL communicators, cuBLAS workspaces): it is measured during
 #: start-up and kept out of the KV cache (vllm/v1/worker/gpu_worker.py ``determine_available_memory``).

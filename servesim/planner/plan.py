@@ -298,9 +298,7 @@ def search_options(tasks: Sequence[OptionTask]) -> list[OptionResult]:
     first: dict[tuple, StepTimeModel] = {}
     results = []
     for task in tasks:
-        dep = task.deployment
-        key = (dep.gpu, dep.par.tp, dep.par.ep, dep.par.dp, dep.release, dep.kv_cache_dtype, dep.model, dep.dtype,
-               dep.estimator)
+        key = task.deployment.layer_identity(), task.deployment.estimator
         steps = step_model(task, shares_with=first.get(key))
         first.setdefault(key, steps)
         with kept_step_times(steps):

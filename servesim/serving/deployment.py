@@ -80,11 +80,17 @@ class Deployment:
             dp_mlp_over_group=self.engine.kernels.dp_mlp_over_group,
         )
 
+    def layer_identity(self) -> tuple:
+        """What one layer's kernels and their times depend on: deployments that agree on it, whatever their pipeline
+        depth, can share per-layer times (``StepTimeModel(shares_with=...)``)."""
+        par = self.par
+        return (self.model, self.gpu, par.tp, par.ep, par.dp, self.release, self.dtype, self.kv_cache_dtype,
+                self.mxfp4_moe_backend, self.moe_backend)
+
     def timing_identity(self) -> tuple:
         """What step times depend on: deployments that agree on it time every step alike (the engine settings that
         only change batching and memory do not enter)."""
-        return (self.model, self.gpu, self.par, self.release, self.dtype, self.kv_cache_dtype,
-                self.mxfp4_moe_backend, self.moe_backend)
+        return self.layer_identity(), self.par.pp
 
     def label(self) -> str:
         kv = ", fp8 KV cache" if self.kv_cache_dtype == "fp8" else ""

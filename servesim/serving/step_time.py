@@ -139,10 +139,9 @@ class StepTimeModel:
         self.decode_spans: dict[tuple[int, int, int], Any] = {}
 
     def _layer_identity(self) -> tuple:
-        """What one layer's kernels and their times depend on: everything but the pipeline depth and the host's
-        per-step terms (only the eager launch cost enters the layers' times)."""
-        return (self.engine, self.model, self.gpu, self.par.tp, self.par.ep, self.par.dp, self.dtype,
-                self.kv_cache_dtype, self.mxfp4_moe_backend, self.moe_backend, self.launch_us)
+        """What one layer's kernels and their times depend on: the deployment's (``Deployment.layer_identity``) and,
+        of the host's terms, the eager launch cost."""
+        return self.deployment.layer_identity(), self.launch_us
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
         return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype,

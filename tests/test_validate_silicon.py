@@ -266,6 +266,22 @@ def test_inferencex_sglang_rows_follow_their_scripts(rows: pd.DataFrame, model_i
     assert all(c.max_num_seqs == c.concurrency and not c.prefix_caching for c in cases)
 
 
+@pytest.mark.parametrize(("quant", "kv", "chunk", "interval_at_16"), [
+    ("fp8", "fp8", 16384, 10),  # qwen3.5_fp8_b300.sh (c0f62a2ef), block-scaled checkpoint
+    ("", "auto", 32768, 30),  # qwen3.5_bf16_b300.sh (32274d6c1): the B200 recipe
+    ("nvfp4", "fp8", 32768, 30),  # qwen3.5_fp4_b300.sh (8acbd08b7)
+])
+def test_qwen35_b300_sglang_0_5_10_rows_follow_the_script_of_their_precision(rows: pd.DataFrame, quant: str, kv: str,
+                                                                             chunk: int, interval_at_16: int) -> None:
+    gemm_quant = rows["gemm_quant"].fillna("")
+    selected = rows[(rows["model"] == "Qwen/Qwen3.5-397B-A17B") & (rows["gpu"] == "B300")
+                    & (rows["backend"] == "sglang") & rows["backend_version"].astype(str).str.startswith("0.5.10")
+                    & (gemm_quant == quant)]
+    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    assert cases and all(c.kv_cache_dtype == kv and c.max_num_batched_tokens == chunk for c in cases)
+    assert all(c.scheduler_recv_interval == (interval_at_16 if c.concurrency >= 16 else 10) for c in cases)
+
+
 @pytest.mark.parametrize(("version", "kv", "budget_per_isl"), [("0.17.0", "auto", None), ("0.19.0", "fp8", 2)])
 def test_minimax_b200_rows_follow_the_script_of_their_release(rows: pd.DataFrame, version: str, kv: str,
                                                                budget_per_isl: int | None) -> None:

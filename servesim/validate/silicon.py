@@ -186,8 +186,10 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     - ``qwen3.5_fp8_h200.sh`` (626932a11): ``fp8_e4m3`` KV, chunks of 16,384, no radix cache, no receive interval;
     - ``qwen3.5_fp8_b200.sh`` (2026-03-23, 6a5dad463, as of 626932a11) and ``qwen3.5_bf16_b200.sh`` (2026-02-19,
       9dc87a68c): chunks of 32,768, ``fp8_e4m3`` KV for the FP8 checkpoint only, a receive interval of 10 below 16
-      clients, 30 from 16; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef, the 0.5.10 runs): chunks of 16,384, an
-      interval of 10; the earlier 0.5.9 B300 runs (marked wip, 2026-04-03) predate it and get the B200 recipe;
+      clients, 30 from 16; ``qwen3.5_fp8_b300.sh`` (2026-04-17, c0f62a2ef, the FP8 0.5.10 runs): chunks of 16,384,
+      an interval of 10; ``qwen3.5_bf16_b300.sh`` (32274d6c1) and ``qwen3.5_fp4_b300.sh`` (8acbd08b7), both of
+      2026-04-17 (their 0.5.10 runs measured the day after), and the earlier 0.5.9 FP8 B300 runs (marked wip,
+      2026-04-03) follow the B200 recipe;
     - ``glm5_fp8_h200.sh`` (626932a11): SGLang's defaults but ``--mem-fraction-static 0.85`` (radix cache on, KV in
       the model's dtype); ``glm5_fp8_b200.sh`` and ``glm5_fp8_b300.sh`` (2026-04-17, 6c66a00d9): ``fp8_e4m3`` KV,
       chunks of 32,768, no radix cache;
@@ -215,7 +217,7 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     if "qwen3.5" in model:
         if gpu == "H200":
             return SglangLaunch("fp8", 16384)
-        if gpu == "B300" and version.startswith("0.5.10"):
+        if gpu == "B300" and version.startswith("0.5.10") and dtype.startswith("fp8"):
             return SglangLaunch("fp8", 16384, recv_interval=10)
         return SglangLaunch("auto" if dtype == "bf16" else "fp8", 32768,
                             recv_interval=by_clients if blackwell_recipe else None)

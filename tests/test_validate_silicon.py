@@ -104,7 +104,7 @@ def test_runs_the_file_does_not_tell_apart_are_skipped(rows: pd.DataFrame) -> No
     # decoding. All are left out; copies of one result, or runs at other times, are not.
     dsr1 = rows[(rows["model"] == "deepseek-ai/DeepSeek-R1") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")]
     cases, skipped = silicon_cases(dsr1)
-    mixed = dsr1[dsr1["id"].isin({s.case_id for s in skipped if "MTP" in s.reason})]
+    mixed = dsr1[dsr1["id"].isin({s.case_id for s in skipped if s.reason.startswith("another run")})]
     assert len(mixed) == 30 and (mixed["gemm_quant"] == "fp8").all() and (mixed["moe_ep"] == 1).all()
     assert (mixed["tpot_ms"].round(3).groupby([mixed["isl"], mixed["osl"], mixed["concurrency"]]).nunique() == 2).all()
     results = set(zip(mixed["ttft_ms"].round(3), mixed["tpot_ms"].round(3)))
@@ -114,6 +114,36 @@ def test_runs_the_file_does_not_tell_apart_are_skipped(rows: pd.DataFrame) -> No
     # A row chosen alone (--row-id) is skipped as it is among the whole file.
     (alone,) = silicon_cases(dsr1[dsr1["id"] == mixed["id"].iloc[0]])[1]
     assert "MTP" in alone.reason
+
+
+def test_runs_beyond_the_plain_configuration_beside_an_mtp_launch_are_skipped(rows: pd.DataFrame) -> None:
+    # dsr1-fp8-b200-sglang ran TP 8 up to 64 clients (1k/1k, 1k/8k) and 4 (8k/1k); its MTP launch, on the same image
+    # and layout, up to 512: the rows beyond are the MTP launch's, in the export of the day and a later copy.
+    dsr1 = rows[(rows["model"] == "deepseek-ai/DeepSeek-R1") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")]
+    cases, skipped = silicon_cases(dsr1)
+    mtp = dsr1[dsr1["id"].isin({s.case_id for s in skipped if "MTP speculative decoding (its" in s.reason})]
+    assert len(mtp) == 26 and set(zip(mtp["tp"], mtp["moe_ep"], mtp["gemm_quant"])) == {(8, 1, "fp8")}
+    limit = {(1024, 1024): 64, (1024, 8192): 64, (8192, 1024): 4}
+    assert all(c > limit[(i, o)] for i, o, c in zip(mtp["isl"], mtp["osl"], mtp["concurrency"]))
+    assert not [c for c in cases if c.tp == 8 and c.concurrency > limit.get((c.isl, c.osl), 512)
+                and "v0.5.9-cu130" in c.source and c.dtype == "fp8"]
+
+
+def test_deepseek_nvfp4_b200_sglang_runs_of_2025_spread_the_experts_over_tp(rows: pd.DataFrame) -> None:
+    # dsr1_fp4_b200_docker.sh (4b860b78e) passed --enable-ep-moe; the rows of its runs record EP 1 and no release.
+    selected = rows[(rows["model"] == "deepseek-ai/DeepSeek-R1") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")
+                    & (rows["gemm_quant"] == "nvfp4")]
+    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    old = [c for c in cases if not c.engine_version]
+    assert old and all(c.ep == c.tp for c in old)
+
+
+def test_qwen35_b300_runs_on_the_mtp_image_and_layout_are_skipped(rows: pd.DataFrame) -> None:
+    qwen = rows[(rows["model"] == "Qwen/Qwen3.5-397B-A17B") & (rows["gpu"] == "B300") & (rows["backend"] == "sglang")]
+    cases, skipped = silicon_cases(qwen)
+    mtp = qwen[qwen["id"].isin({s.case_id for s in skipped if "MTP speculative decoding (its" in s.reason})]
+    assert len(mtp) == 12 and set(zip(mtp["tp"], mtp["moe_ep"], mtp["backend_version"])) == {(4, 1, "0.5.9")}
+    assert all(c.engine_version != "0.5.9" or (c.tp, c.ep) != (4, 1) for c in cases)
 
 
 def test_runs_of_an_mtp_launch_and_their_copies_are_skipped(rows: pd.DataFrame) -> None:
@@ -264,6 +294,36 @@ def test_inferencex_sglang_rows_follow_their_scripts(rows: pd.DataFrame, model_i
     cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
     assert cases and all(c.kv_cache_dtype == kv and c.max_num_batched_tokens == chunk for c in cases)
     assert all(c.max_num_seqs == c.concurrency and not c.prefix_caching for c in cases)
+
+
+def _vllm_cases(rows: pd.DataFrame, model_id: str, gpu: str) -> list[ServingCase]:
+    selected = rows[(rows["model"] == model_id) & (rows["gpu"] == gpu) & (rows["backend"] == "vllm")
+                    & ~rows["source"].str.contains("aic-auto-gap-analysis")]
+    return [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+
+
+def test_kimi_b200_vllm_rows_run_the_experts_over_tp_as_their_script_did(rows: pd.DataFrame) -> None:
+    # kimik2.5_fp4_b200.sh never passes --enable-expert-parallel, though the configuration labels runs "ep: 4";
+    # from 2026-04-20 (6c3acebfa) it passes an FP8 KV cache and a token budget of twice the prompt.
+    cases = _vllm_cases(rows, "moonshotai/Kimi-K2.5", "B200")
+    assert cases and all(c.ep == 1 for c in cases)
+    april = [c for c in cases if "measured=2026-04-20" in c.source]
+    assert april and all(c.kv_cache_dtype == "fp8" and c.max_num_batched_tokens == 2 * c.isl for c in april)
+    assert all(c.max_num_batched_tokens is None for c in cases if c not in april)
+
+
+def test_minimax_b200_nightly_rows_keep_the_default_token_budget(rows: pd.DataFrame) -> None:
+    nightly = [c for c in _vllm_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200") if c.engine_version.startswith("nightly")]
+    assert nightly and all(c.max_num_batched_tokens is None and c.kv_cache_dtype == "fp8" for c in nightly)
+
+
+@pytest.mark.parametrize("gpu", ["B200", "H100-SXM", "H200"])
+def test_gpt_oss_rows_of_2025_replay_the_scripts_of_then(rows: pd.DataFrame, gpu: str) -> None:
+    # No FP8 KV cache before 2025-12-05 (25506e87c) nor Marlin MoE before 2026-01-02 (4e52ed4c6).
+    cases = _vllm_cases(rows, "openai/gpt-oss-120b", gpu)
+    old = [c for c in cases if "measured=2025-" in c.source]
+    assert old and all(c.kv_cache_dtype == "auto" and c.mxfp4_moe_backend != "marlin" for c in old)
+    assert any(c.mxfp4_moe_backend == "marlin" or c.kv_cache_dtype == "fp8" for c in cases if c not in old)
 
 
 @pytest.mark.parametrize(("quant", "kv", "chunk", "interval_at_16"), [

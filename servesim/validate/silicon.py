@@ -78,7 +78,9 @@ class BenchmarkProtocol:
     prefix_caching: bool | None = None
     mxfp4_moe_backend: str = "auto"
     batched_tokens_per_isl: int = 0
-    expert_parallel: bool = False  # --enable-expert-parallel whatever the row's EP: the experts spread over TP
+    # True: --enable-expert-parallel whatever the row's EP (the experts spread over TP); False: never, whatever the
+    # row's EP; None: as the row says.
+    expert_parallel: bool | None = None
     moe_backend: str = "auto"  # the MoE kernel the release picked for BF16 and FP8 experts, where servesim's differs
     per_prompt_token_us: float | None = None  # the API server's time per token of its prompt text (None: release's)
 
@@ -143,10 +145,23 @@ INFERENCEX_MINIMAX_VLLM_0_19 = replace(INFERENCEX_MINIMAX_BLACKWELL, moe_backend
 #: activations; no async-scheduling flag (the release's default).
 INFERENCEX_GPT_OSS_B200 = _inferencex(kv_cache_dtype="fp8", max_num_seqs_is_concurrency=True,
                                       prefix_caching=False, mxfp4_moe_backend="flashinfer-mxfp8")
+#: The gpt-oss scripts of 2025-11-02 (``gptoss_fp4_b200_docker.sh``, ``gptoss_fp4_h100_*.sh`` and
+#: ``gptoss_fp4_h200_slurm.sh``): no KV-cache dtype until 2025-12-05 (25506e87c) and no ``VLLM_MXFP4_USE_MARLIN``
+#: until 2026-01-02 (4e52ed4c6), so the MXFP4 experts ran on the release's default kernel.
+_GPT_OSS_KV_FP8_FROM, _GPT_OSS_MARLIN_FROM = "2025-12-05", "2026-01-02"
 #: ``benchmarks/single_node/kimik2.5_int4_h200.sh`` and ``kimik2.5_int4_b200.sh`` (InferenceX, 2026-03-27):
 #: ``--max-num-seqs $CONC`` and ``--no-enable-prefix-caching``, no KV-cache dtype (the model's, BF16). The B200 script
 #: also exports ``VLLM_USE_FLASHINFER_MOE_INT4=1`` (FlashInfer's INT4 MoE), which is not modelled (Marlin is).
-INFERENCEX_KIMI = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=True, prefix_caching=False)
+#: ``kimik2.5_fp4_b200.sh`` passes the same but never ``--enable-expert-parallel`` (a58dedd5a of 2026-03-11 to
+#: 6c3acebfa): its runs the configuration labels ``ep: 4`` ran the experts tensor-parallel over the TP ranks.
+INFERENCEX_KIMI = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=True, prefix_caching=False,
+                              expert_parallel=False)
+#: ``kimik2.5_fp4_b200.sh`` from 2026-04-20 (6c3acebfa): ``--kv-cache-dtype fp8`` and ``--max-num-batched-tokens
+#: $((ISL * 2))`` besides.
+INFERENCEX_KIMI_B200_APRIL = replace(INFERENCEX_KIMI, kv_cache_dtype="fp8", batched_tokens_per_isl=2)
+#: ``minimaxm2.5_fp4_b200.sh`` of the vLLM nightly runs (2026-04-02, 08bcde8f1, the image
+#: ``vllm-openai:nightly-5b8c30d6…``): ``--kv-cache-dtype fp8`` and ``--no-enable-prefix-caching`` but no token budget.
+INFERENCEX_MINIMAX_FP4_NIGHTLY = replace(INFERENCEX_MINIMAX_BLACKWELL, batched_tokens_per_isl=0)
 #: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
 INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
@@ -165,12 +180,14 @@ AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, len
 class SglangLaunch:
     """The flags of an InferenceX SGLang launch the replay follows: the KV-cache dtype (``auto`` where the script
     passes none), ``--chunked-prefill-size`` (None: SGLang's default), whether the radix cache is on and
-    ``--scheduler-recv-interval`` (None: not passed, SGLang's default 1)."""
+    ``--scheduler-recv-interval`` (None: not passed, SGLang's default 1), and whether it passed ``--enable-ep-moe``
+    (the experts over every TP rank, whatever EP the row records)."""
 
     kv_cache_dtype: str
     chunked_prefill_size: int | None
     radix_cache: bool = False
     recv_interval: int | None = None
+    expert_parallel: bool = False
 
 
 def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int, version: str,
@@ -194,7 +211,9 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
       the model's dtype); ``glm5_fp8_b200.sh`` and ``glm5_fp8_b300.sh`` (2026-04-17, 6c66a00d9): ``fp8_e4m3`` KV,
       chunks of 32,768, no radix cache;
     - their NVFP4 scripts: ``dsr1_fp4_b200.sh`` (626932a11) and ``dsr1_fp4_b300.sh`` (2026-04-17, 9ebeafb4e):
-      ``fp8_e4m3`` KV, chunks of 16,384, no radix cache, a receive interval of 10 below 16 clients, 30 from 16;
+      ``fp8_e4m3`` KV, chunks of 16,384, no radix cache, a receive interval of 10 below 16 clients, 30 from 16; the
+      B200 runs of 2025, which record no release, ran ``dsr1_fp4_b200_docker.sh`` (4b860b78e), which also passed
+      ``--enable-ep-moe``;
       ``qwen3.5_fp4_b200.sh`` (2026-04-08, 48d35c480) as the FP8 one; ``glm5_fp4_b200.sh`` (2026-04-02, 800f57aaf):
       KV in the model's dtype, chunks of 131,072, the radix cache on.
 
@@ -209,7 +228,7 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
     blackwell_recipe = gpu in ("B200", "B300")
     if "deepseek" in model:
         if dtype == "nvfp4":
-            return SglangLaunch("fp8", 16384, recv_interval=by_clients)
+            return SglangLaunch("fp8", 16384, recv_interval=by_clients, expert_parallel=not version)
         if gpu == "H200":
             return SglangLaunch("auto", 32768)
         return SglangLaunch("fp8", 32768 if tp == 8 else 8192,
@@ -264,7 +283,18 @@ def protocol_for(source: str, model_id: str = "", gpu: str = "", version: str = 
         return INFERENCEX_MINIMAX_EP
     if model_id == "MiniMaxAI/MiniMax-M2.5" and gpu in ("B200", "B300") and version.startswith("0.19"):
         return INFERENCEX_MINIMAX_VLLM_0_19
-    return INFERENCEX_BY_MODEL.get((model_id, gpu), INFERENCEX)
+    if (model_id, gpu) == ("MiniMaxAI/MiniMax-M2.5", "B200") and version.startswith("nightly"):
+        return INFERENCEX_MINIMAX_FP4_NIGHTLY  # the B200's nightly runs are its NVFP4 ones
+    measured = _measured_on(source)
+    if (model_id, gpu) == ("moonshotai/Kimi-K2.5", "B200") and measured >= "2026-04-20":
+        return INFERENCEX_KIMI_B200_APRIL
+    protocol = INFERENCEX_BY_MODEL.get((model_id, gpu), INFERENCEX)
+    if model_id == "openai/gpt-oss-120b" and measured:
+        if measured < _GPT_OSS_KV_FP8_FROM and protocol.kv_cache_dtype == "fp8":
+            protocol = replace(protocol, kv_cache_dtype="auto")
+        if measured < _GPT_OSS_MARLIN_FROM and protocol.mxfp4_moe_backend == "marlin":
+            protocol = replace(protocol, mxfp4_moe_backend="auto")
+    return protocol
 
 
 def load_silicon_rows(
@@ -380,16 +410,19 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     max_num_seqs = concurrency if protocol.max_num_seqs_is_concurrency else None
     max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
     recv_interval = None
+    expert_parallel = protocol.expert_parallel
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
         launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], concurrency, version,
                                           weights)
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
         max_num_batched_tokens, recv_interval = launch.chunked_prefill_size, launch.recv_interval
+        expert_parallel = expert_parallel or launch.expert_parallel or None
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
         engine_version=version,
-        dtype=weights, tp=layout[0], ep=layout[0] if protocol.expert_parallel else layout[1], dp=layout[2],
+        dtype=weights, tp=layout[0], ep={True: layout[0], False: 1, None: layout[1]}[expert_parallel],
+        dp=layout[2],
         pp=_int(row["pp"]) or 1,
         isl=isl, osl=osl,
         concurrency=concurrency, workload=workload, measured_ttft_ms=float(row["ttft_ms"]),
@@ -435,19 +468,33 @@ def mixed_runs(rows: pd.DataFrame) -> set[str]:
 #: InferenceX launches that ran MTP speculative decoding, told apart from its plain runs by their image and layout:
 #: (model, GPU, image, TP, EP). ``.github/configs/nvidia-master.yaml`` of 2026-03-21 runs ``qwen3.5-fp8-b200-sglang``
 #: on ``lmsysorg/sglang:v0.5.9-cu129-amd64`` at TP 4 EP 4 and TP 8 EP 1 only, and ``qwen3.5-fp8-b200-sglang-mtp``
-#: (``spec-decoding: mtp``) on ``lmsysorg/sglang:v0.5.9-cu130`` at TP 4 EP 1.
-_MTP_LAUNCHES = frozenset({("Qwen/Qwen3.5-397B-A17B", "B200", "lmsysorg/sglang:v0.5.9-cu130", 4, 1)})
+#: (``spec-decoding: mtp``) on ``lmsysorg/sglang:v0.5.9-cu130`` at TP 4 EP 1. The B300's work-in-progress runs of
+#: 2026-04-03 (no configuration of them is public) used the same image and layout, and decode like MTP: 5.3 ms a token
+#: at 4 clients against 8.6 ms for the plain 0.5.10 run of that layout, and slower than it from 128 clients.
+_MTP_LAUNCHES = frozenset({("Qwen/Qwen3.5-397B-A17B", "B200", "lmsysorg/sglang:v0.5.9-cu130", 4, 1),
+                           ("Qwen/Qwen3.5-397B-A17B", "B300", "lmsysorg/sglang:v0.5.9-cu130", 4, 1)})
+#: InferenceX launches of the same image and layout as an MTP launch that ran beside them, with the most clients of
+#: each (ISL, OSL) their own configuration ran: a row of that image and layout beyond them was the MTP launch's.
+#: ``nvidia-master.yaml`` at 12ba0ae07 (2026-03-25) runs ``dsr1-fp8-b200-sglang`` at TP 8 with 4 to 64 clients for
+#: 1k/1k and 1k/8k and 4 for 8k/1k, and ``dsr1-fp8-b200-sglang-mtp`` on the same image at TP 8 with 4 to 512 for
+#: all three.
+_PLAIN_BESIDE_MTP = {("deepseek-ai/DeepSeek-R1", "B200", "lmsysorg/sglang:v0.5.9-cu130", 8, 1):
+                     {(1024, 1024): 64, (1024, 8192): 64, (8192, 1024): 4}}
 _IMAGE = re.compile(r"image=([^;]+)")
 
 
 def mtp_runs(rows: pd.DataFrame) -> set[str]:
-    """Ids of rows measured with MTP speculative decoding (:data:`_MTP_LAUNCHES`), which servesim does not model,
-    and of the copies of their results (the same configuration and result) in exports that do not name the image."""
+    """Ids of rows measured with MTP speculative decoding (:data:`_MTP_LAUNCHES`, and the runs beyond the plain
+    configurations of :data:`_PLAIN_BESIDE_MTP`), which servesim does not model, and of the copies of their results
+    (the same configuration and result) in exports that do not name the image."""
     launch = pd.Series(list(zip(rows["model"], rows["gpu"], rows["source"].astype(str).str.extract(_IMAGE)[0],
                                 rows["tp"], rows["moe_ep"].fillna(1))), index=rows.index)
+    beyond_plain = pd.Series([key in _PLAIN_BESIDE_MTP and clients > _PLAIN_BESIDE_MTP[key].get((isl, osl), 0)
+                              for key, isl, osl, clients in zip(launch, rows["isl"], rows["osl"],
+                                                                rows["concurrency"])], index=rows.index)
     keyed = rows.assign(result=_result(rows))
     config = [*_RUN_CONFIG, "result"]
-    mtp = keyed.loc[launch.isin(_MTP_LAUNCHES), config].drop_duplicates()
+    mtp = keyed.loc[launch.isin(_MTP_LAUNCHES) | beyond_plain, config].drop_duplicates()
     return set(keyed.merge(mtp, on=config)["id"].astype(str))
 
 

@@ -138,6 +138,15 @@ def test_deepseek_nvfp4_b200_sglang_runs_of_2025_spread_the_experts_over_tp(rows
     assert old and all(c.ep == c.tp for c in old)
 
 
+def test_deepseek_fp8_blackwell_tp4_runs_keep_the_memory_fraction_that_fits_them(rows: pd.DataFrame) -> None:
+    # dsr1_fp8_b200.sh (64c20b6b5) passes --mem-fraction-static 0.95 at TP 4 (0.82 at TP 8, not followed): with
+    # SGLang's default the weights leave no KV cache on four B200s, and the runs would not replay at all.
+    selected = rows[(rows["model"] == "deepseek-ai/DeepSeek-R1") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")
+                    & (rows["gemm_quant"] == "fp8") & (rows["tp"] == 4)]
+    cases, skipped = silicon_cases(selected)
+    assert cases and not skipped and all(c.memory_fraction == 0.95 for c in cases)
+
+
 def test_qwen35_b300_runs_on_the_mtp_image_and_layout_are_skipped(rows: pd.DataFrame) -> None:
     qwen = rows[(rows["model"] == "Qwen/Qwen3.5-397B-A17B") & (rows["gpu"] == "B300") & (rows["backend"] == "sglang")]
     cases, skipped = silicon_cases(qwen)

@@ -180,14 +180,16 @@ AICONFIGURATOR = BenchmarkProtocol("aiconfigurator", requests_per_client=10, len
 class SglangLaunch:
     """The flags of an InferenceX SGLang launch the replay follows: the KV-cache dtype (``auto`` where the script
     passes none), ``--chunked-prefill-size`` (None: SGLang's default), whether the radix cache is on and
-    ``--scheduler-recv-interval`` (None: not passed, SGLang's default 1), and whether it passed ``--enable-ep-moe``
-    (the experts over every TP rank, whatever EP the row records)."""
+    ``--scheduler-recv-interval`` (None: not passed, SGLang's default 1), whether it passed ``--enable-ep-moe``
+    (the experts over every TP rank, whatever EP the row records), and ``--mem-fraction-static`` where the replay
+    follows it (None: SGLang's default)."""
 
     kv_cache_dtype: str
     chunked_prefill_size: int | None
     radix_cache: bool = False
     recv_interval: int | None = None
     expert_parallel: bool = False
+    memory_fraction: float | None = None
 
 
 def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int, version: str,
@@ -199,7 +201,8 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
       ``--disable-radix-cache``, no receive interval;
     - ``dsr1_fp8_b200.sh`` (2026-03-11, 64c20b6b5, as of 626932a11) and ``dsr1_fp8_b300.sh`` (2026-04-17,
       5b302f147): ``fp8_e4m3`` KV, no radix cache; at TP 8 chunks of 32,768 and a receive interval of 10 below 16
-      clients, 30 from 16; at TP 4 chunks of 8,192 and an interval of 10;
+      clients, 30 from 16; at TP 4 chunks of 8,192, an interval of 10 and ``--mem-fraction-static 0.95`` (on the
+      B200 SGLang's default fraction leaves DeepSeek's weights no room for a KV cache at TP 4);
     - ``qwen3.5_fp8_h200.sh`` (626932a11): ``fp8_e4m3`` KV, chunks of 16,384, no radix cache, no receive interval;
     - ``qwen3.5_fp8_b200.sh`` (2026-03-23, 6a5dad463, as of 626932a11) and ``qwen3.5_bf16_b200.sh`` (2026-02-19,
       9dc87a68c): chunks of 32,768, ``fp8_e4m3`` KV for the FP8 checkpoint only, a receive interval of 10 below 16
@@ -232,7 +235,8 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
         if gpu == "H200":
             return SglangLaunch("auto", 32768)
         return SglangLaunch("fp8", 32768 if tp == 8 else 8192,
-                            recv_interval=(by_clients if tp != 4 else 10) if blackwell_recipe else None)
+                            recv_interval=(by_clients if tp != 4 else 10) if blackwell_recipe else None,
+                            memory_fraction=0.95 if tp == 4 and blackwell_recipe else None)
     if "qwen3.5" in model:
         if gpu == "H200":
             return SglangLaunch("fp8", 16384)
@@ -409,7 +413,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     kv_cache_dtype, prefix_caching = protocol.kv_cache_dtype, protocol.prefix_caching
     max_num_seqs = concurrency if protocol.max_num_seqs_is_concurrency else None
     max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
-    recv_interval = None
+    recv_interval = memory_fraction = None
     expert_parallel = protocol.expert_parallel
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
         launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], concurrency, version,
@@ -417,6 +421,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
         max_num_batched_tokens, recv_interval = launch.chunked_prefill_size, launch.recv_interval
         expert_parallel = expert_parallel or launch.expert_parallel or None
+        memory_fraction = launch.memory_fraction
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),
@@ -432,7 +437,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         mxfp4_moe_backend=protocol.mxfp4_moe_backend,
         moe_backend=protocol.moe_backend if weights.startswith("fp8") else "auto",
         per_prompt_token_us=protocol.per_prompt_token_us,
-        scheduler_recv_interval=recv_interval,
+        scheduler_recv_interval=recv_interval, memory_fraction=memory_fraction,
     )
 
 

@@ -222,9 +222,7 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
 
     Their ``--max-running-requests`` is not replayed (the running requests stay capped at the concurrency): the B200
     DeepSeek and Qwen3.5 scripts cap TP 8 (DeepSeek) and every layout (Qwen3.5) at 128, but the file's 256- and
-    512-client runs of those layouts ran more at once (DeepSeek-R1 TP 8 at 512 clients: TPOT 68.8 ms against 28.7
-    ms at 128, TTFT 3.1 s, not the request lifetimes a cap of 128 would queue them for), so they came from another
-    launch.
+    512-client runs of DeepSeek-R1 at TP 8 came from its MTP launch (:data:`_PLAIN_BESIDE_MTP`, skipped).
     """
     model = model_id.lower()
     by_clients = 10 if concurrency < 16 else 30

@@ -147,6 +147,17 @@ def test_deepseek_fp8_blackwell_tp4_runs_keep_the_memory_fraction_that_fits_them
     assert cases and not skipped and all(c.memory_fraction == 0.95 for c in cases)
 
 
+@pytest.mark.parametrize(("gpu", "quant", "kv"), [("B200", "nvfp4", "fp8"), ("H200", "fp8", "auto")])
+def test_glm5_sglang_auto_kv_cache_follows_the_dsa_default_of_the_gpu(rows: pd.DataFrame, gpu: str, quant: str,
+                                                                      kv: str) -> None:
+    # Neither script passes a KV-cache dtype; SGLang serves a DSA model's "auto" cache in FP8 on compute capability
+    # 10 and in BF16 on Hopper.
+    selected = rows[(rows["model"] == "zhipuai/GLM-5") & (rows["gpu"] == gpu) & (rows["backend"] == "sglang")
+                    & (rows["gemm_quant"] == quant)]
+    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    assert cases and all(c.kv_cache_dtype == kv for c in cases)
+
+
 def test_qwen35_b300_runs_on_the_mtp_image_and_layout_are_skipped(rows: pd.DataFrame) -> None:
     qwen = rows[(rows["model"] == "Qwen/Qwen3.5-397B-A17B") & (rows["gpu"] == "B300") & (rows["backend"] == "sglang")]
     cases, skipped = silicon_cases(qwen)

@@ -218,7 +218,9 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
       B200 runs of 2025, which record no release, ran ``dsr1_fp4_b200_docker.sh`` (4b860b78e), which also passed
       ``--enable-ep-moe``;
       ``qwen3.5_fp4_b200.sh`` (2026-04-08, 48d35c480) as the FP8 one; ``glm5_fp4_b200.sh`` (2026-04-02, 800f57aaf):
-      KV in the model's dtype, chunks of 131,072, the radix cache on.
+      no KV-cache dtype, chunks of 131,072, the radix cache on. SGLang serves a DSA model's ``auto`` KV cache in
+      ``fp8_e4m3`` on compute capability 10 and in BF16 before (``ServerArgs._set_default_nsa_kv_cache_dtype``; GLM-5
+      is one since sgl-project/sglang pull request 18521, 2026-02-10), so that run's cache was FP8.
 
     Their ``--max-running-requests`` is not replayed (the running requests stay capped at the concurrency): the B200
     DeepSeek and Qwen3.5 scripts cap TP 8 (DeepSeek) and every layout (Qwen3.5) at 128, but the file's 256- and
@@ -246,7 +248,7 @@ def inferencex_sglang_launch(model_id: str, gpu: str, tp: int, concurrency: int,
         if gpu == "H200":
             return SglangLaunch("auto", None, radix_cache=True)
         if dtype == "nvfp4" and gpu == "B200":
-            return SglangLaunch("auto", 131072, radix_cache=True)
+            return SglangLaunch("fp8", 131072, radix_cache=True)
         return SglangLaunch("fp8", 32768)
     return SglangLaunch(INFERENCEX.kv_cache_dtype, None)
 

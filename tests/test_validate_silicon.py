@@ -337,6 +337,13 @@ def test_minimax_b200_nightly_rows_keep_the_default_token_budget(rows: pd.DataFr
     assert nightly and all(c.max_num_batched_tokens is None and c.kv_cache_dtype == "fp8" for c in nightly)
 
 
+def test_minimax_vllm_rows_keep_the_memory_fraction_their_scripts_passed(rows: pd.DataFrame) -> None:
+    # --gpu-memory-utilization 0.95 in minimaxm2.5_fp8_h200.sh, the 0.17 B200 script and the B200 nightly one; the
+    # 0.19 scripts leave vLLM's 0.9.
+    cases = [*_vllm_cases(rows, "MiniMaxAI/MiniMax-M2.5", "H200"), *_vllm_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200")]
+    assert cases and all(c.memory_fraction == (None if c.engine_version.startswith("0.19") else 0.95) for c in cases)
+
+
 @pytest.mark.parametrize("gpu", ["B200", "H100-SXM", "H200"])
 def test_gpt_oss_rows_of_2025_replay_the_scripts_of_then(rows: pd.DataFrame, gpu: str) -> None:
     # No FP8 KV cache before 2025-12-05 (25506e87c) nor Marlin MoE before 2026-01-02 (4e52ed4c6).

@@ -83,6 +83,7 @@ class BenchmarkProtocol:
     expert_parallel: bool | None = None
     moe_backend: str = "auto"  # the MoE kernel the release picked for BF16 and FP8 experts, where servesim's differs
     per_prompt_token_us: float | None = None  # the API server's time per token of its prompt text (None: release's)
+    memory_fraction: float | None = None  # --gpu-memory-utilization (None: the release's default)
 
 
 #: The API server's time per prompt token of InferenceX's prompts, µs: its client (``benchmark_serving.py
@@ -120,7 +121,7 @@ INFERENCEX_GPT_OSS_HOPPER = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_c
 #: 0.18.0): ``vllm serve`` with the layout, ``--gpu-memory-utilization 0.95`` and ``--max-model-len`` only, so the
 #: KV cache, running-request cap and prefix cache are vLLM's defaults; so does ``minimaxm2.5_fp8_b200.sh`` of
 #: 2026-03-11 (64c20b6b5, the vLLM 0.17.0 runs), which also exports ``VLLM_USE_FLASHINFER_MOE_FP8=0`` (the Triton MoE).
-INFERENCEX_MINIMAX = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=False)
+INFERENCEX_MINIMAX = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=False, memory_fraction=0.95)
 #: The same scripts while they tested ``if [ "$EP_SIZE" -ge 1 ]`` before passing ``--enable-expert-parallel``: true
 #: for the default EP of 1, so every run spread the experts over its TP ranks. ``minimaxm2.5_fp8_h200.sh`` did from
 #: 2026-03-13 (5e2c705d3, "enable ep", the TP 8 runs) and ``minimaxm2.5_fp8_b200.sh`` from its first version
@@ -160,8 +161,9 @@ INFERENCEX_KIMI = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency
 #: $((ISL * 2))`` besides.
 INFERENCEX_KIMI_B200_APRIL = replace(INFERENCEX_KIMI, kv_cache_dtype="fp8", batched_tokens_per_isl=2)
 #: ``minimaxm2.5_fp4_b200.sh`` of the vLLM nightly runs (2026-04-02, 08bcde8f1, the image
-#: ``vllm-openai:nightly-5b8c30d6…``): ``--kv-cache-dtype fp8`` and ``--no-enable-prefix-caching`` but no token budget.
-INFERENCEX_MINIMAX_FP4_NIGHTLY = replace(INFERENCEX_MINIMAX_BLACKWELL, batched_tokens_per_isl=0)
+#: ``vllm-openai:nightly-5b8c30d6…``): ``--kv-cache-dtype fp8``, ``--no-enable-prefix-caching`` and
+#: ``--gpu-memory-utilization 0.95`` but no token budget.
+INFERENCEX_MINIMAX_FP4_NIGHTLY = replace(INFERENCEX_MINIMAX_BLACKWELL, batched_tokens_per_isl=0, memory_fraction=0.95)
 #: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
 INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
@@ -413,7 +415,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
     kv_cache_dtype, prefix_caching = protocol.kv_cache_dtype, protocol.prefix_caching
     max_num_seqs = concurrency if protocol.max_num_seqs_is_concurrency else None
     max_num_batched_tokens = isl * protocol.batched_tokens_per_isl or None
-    recv_interval = memory_fraction = None
+    recv_interval, memory_fraction = None, protocol.memory_fraction
     expert_parallel = protocol.expert_parallel
     if protocol.name == "InferenceX" and str(row["backend"]) == "sglang":
         launch = inferencex_sglang_launch(str(row["model"]), str(row["gpu"]), layout[0], concurrency, version,
@@ -421,7 +423,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
         max_num_batched_tokens, recv_interval = launch.chunked_prefill_size, launch.recv_interval
         expert_parallel = expert_parallel or launch.expert_parallel or None
-        memory_fraction = launch.memory_fraction
+        memory_fraction = launch.memory_fraction or memory_fraction
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),

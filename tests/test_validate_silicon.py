@@ -116,6 +116,16 @@ def test_runs_the_file_does_not_tell_apart_are_skipped(rows: pd.DataFrame) -> No
     assert "MTP" in alone.reason
 
 
+def _cases(rows: pd.DataFrame, model_id: str, gpu: str, backend: str = "vllm",
+           gemm_quant: str | None = None) -> list[ServingCase]:
+    """The replayed InferenceX runs of a model on a GPU and engine (of one GEMM quantisation when given)."""
+    selected = rows[(rows["model"] == model_id) & (rows["gpu"] == gpu) & (rows["backend"] == backend)
+                    & ~rows["source"].str.contains("aic-auto-gap-analysis")]
+    if gemm_quant is not None:
+        selected = selected[selected["gemm_quant"] == gemm_quant]
+    return [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+
+
 def test_runs_beyond_the_plain_configuration_beside_an_mtp_launch_are_skipped(rows: pd.DataFrame) -> None:
     # dsr1-fp8-b200-sglang ran TP 8 up to 64 clients (1k/1k, 1k/8k) and 4 (8k/1k); its MTP launch, on the same image
     # and layout, up to 512: the rows beyond are the MTP launch's, in the export of the day and a later copy.
@@ -131,9 +141,7 @@ def test_runs_beyond_the_plain_configuration_beside_an_mtp_launch_are_skipped(ro
 
 def test_deepseek_nvfp4_b200_sglang_runs_of_2025_spread_the_experts_over_tp(rows: pd.DataFrame) -> None:
     # dsr1_fp4_b200_docker.sh (4b860b78e) passed --enable-ep-moe; the rows of its runs record EP 1 and no release.
-    selected = rows[(rows["model"] == "deepseek-ai/DeepSeek-R1") & (rows["gpu"] == "B200") & (rows["backend"] == "sglang")
-                    & (rows["gemm_quant"] == "nvfp4")]
-    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    cases = _cases(rows, "deepseek-ai/DeepSeek-R1", "B200", "sglang", "nvfp4")
     old = [c for c in cases if not c.engine_version]
     assert old and all(c.ep == c.tp for c in old)
 
@@ -152,9 +160,7 @@ def test_glm5_sglang_auto_kv_cache_follows_the_dsa_default_of_the_gpu(rows: pd.D
                                                                       kv: str) -> None:
     # Neither script passes a KV-cache dtype; SGLang serves a DSA model's "auto" cache in FP8 on compute capability
     # 10 and in BF16 on Hopper.
-    selected = rows[(rows["model"] == "zhipuai/GLM-5") & (rows["gpu"] == gpu) & (rows["backend"] == "sglang")
-                    & (rows["gemm_quant"] == quant)]
-    cases = [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
+    cases = _cases(rows, "zhipuai/GLM-5", gpu, "sglang", quant)
     assert cases and all(c.kv_cache_dtype == kv for c in cases)
 
 
@@ -316,16 +322,10 @@ def test_inferencex_sglang_rows_follow_their_scripts(rows: pd.DataFrame, model_i
     assert all(c.max_num_seqs == c.concurrency and not c.prefix_caching for c in cases)
 
 
-def _vllm_cases(rows: pd.DataFrame, model_id: str, gpu: str) -> list[ServingCase]:
-    selected = rows[(rows["model"] == model_id) & (rows["gpu"] == gpu) & (rows["backend"] == "vllm")
-                    & ~rows["source"].str.contains("aic-auto-gap-analysis")]
-    return [c for c in map(silicon_case, selected.to_dict("records")) if isinstance(c, ServingCase)]
-
-
 def test_kimi_b200_vllm_rows_run_the_experts_over_tp_as_their_script_did(rows: pd.DataFrame) -> None:
     # kimik2.5_fp4_b200.sh never passes --enable-expert-parallel, though the configuration labels runs "ep: 4";
     # from 2026-04-20 (6c3acebfa) it passes an FP8 KV cache and a token budget of twice the prompt.
-    cases = _vllm_cases(rows, "moonshotai/Kimi-K2.5", "B200")
+    cases = _cases(rows, "moonshotai/Kimi-K2.5", "B200")
     assert cases and all(c.ep == 1 for c in cases)
     april = [c for c in cases if "measured=2026-04-20" in c.source]
     assert april and all(c.kv_cache_dtype == "fp8" and c.max_num_batched_tokens == 2 * c.isl for c in april)
@@ -333,21 +333,21 @@ def test_kimi_b200_vllm_rows_run_the_experts_over_tp_as_their_script_did(rows: p
 
 
 def test_minimax_b200_nightly_rows_keep_the_default_token_budget(rows: pd.DataFrame) -> None:
-    nightly = [c for c in _vllm_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200") if c.engine_version.startswith("nightly")]
+    nightly = [c for c in _cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200") if c.engine_version.startswith("nightly")]
     assert nightly and all(c.max_num_batched_tokens is None and c.kv_cache_dtype == "fp8" for c in nightly)
 
 
 def test_minimax_vllm_rows_keep_the_memory_fraction_their_scripts_passed(rows: pd.DataFrame) -> None:
     # --gpu-memory-utilization 0.95 in minimaxm2.5_fp8_h200.sh, the 0.17 B200 script and the B200 nightly one; the
     # 0.19 scripts leave vLLM's 0.9.
-    cases = [*_vllm_cases(rows, "MiniMaxAI/MiniMax-M2.5", "H200"), *_vllm_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200")]
+    cases = [*_cases(rows, "MiniMaxAI/MiniMax-M2.5", "H200"), *_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200")]
     assert cases and all(c.memory_fraction == (None if c.engine_version.startswith("0.19") else 0.95) for c in cases)
 
 
 @pytest.mark.parametrize("gpu", ["B200", "H100-SXM", "H200"])
 def test_gpt_oss_rows_of_2025_replay_the_scripts_of_then(rows: pd.DataFrame, gpu: str) -> None:
     # No FP8 KV cache before 2025-12-05 (25506e87c) nor Marlin MoE before 2026-01-02 (4e52ed4c6).
-    cases = _vllm_cases(rows, "openai/gpt-oss-120b", gpu)
+    cases = _cases(rows, "openai/gpt-oss-120b", gpu)
     old = [c for c in cases if "measured=2025-" in c.source]
     assert old and all(c.kv_cache_dtype == "auto" and c.mxfp4_moe_backend != "marlin" for c in old)
     assert any(c.mxfp4_moe_backend == "marlin" or c.kv_cache_dtype == "fp8" for c in cases if c not in old)

@@ -422,8 +422,10 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
                                           weights)
         kv_cache_dtype, prefix_caching = launch.kv_cache_dtype, launch.radix_cache
         max_num_batched_tokens, recv_interval = launch.chunked_prefill_size, launch.recv_interval
-        expert_parallel = expert_parallel or launch.expert_parallel or None
-        memory_fraction = launch.memory_fraction or memory_fraction
+        if launch.expert_parallel:
+            expert_parallel = True
+        if launch.memory_fraction is not None:
+            memory_fraction = launch.memory_fraction
     return ServingCase(
         case_id=str(row["id"]), model_id=str(row["model"]), preset=preset, gpu=str(row["gpu"]),
         engine=str(row["backend"]),

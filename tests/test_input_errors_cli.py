@@ -318,3 +318,10 @@ def test_an_sglang_flag_given_to_vllm_says_which_engine_takes_it(command):
     refused(run(*base), "SGLang flag", "--engine sglang")
     if command[0] == "latency":
         assert run(*base, "--engine", "sglang").exit_code == 0
+
+
+def test_a_vllm_graph_size_given_to_sglang_says_which_engine_takes_it():
+    """--max-cudagraph-capture-size is vLLM's: SGLang refuses it in one line that names the way out, which works."""
+    base = ["latency", "--model", "llama3-8b", "--max-cudagraph-capture-size", "64"]
+    refused(run(*base, "--engine", "sglang"), "vLLM flag", "--engine vllm")
+    assert run(*base, "--engine", "vllm").exit_code == 0

@@ -40,8 +40,12 @@ def step_models():
 
 
 def run(step_models, engine, workload, replicas=1, router="round_robin", fast_forward_decodes=True, **overrides):
-    return simulate(deployment(engine, **overrides), workload, step_model=step_models[engine], replicas=replicas,
-                    router=router, fast_forward_decodes=fast_forward_decodes)
+    served = deployment(engine, **overrides)
+    steps = step_models[engine]
+    if steps.deployment.timing_identity() != served.timing_identity():  # e.g. vLLM's graphs follow max_num_seqs
+        steps = StepTimeModel(served)
+    return simulate(served, workload, step_model=steps, replicas=replicas, router=router,
+                    fast_forward_decodes=fast_forward_decodes)
 
 
 def make_workload(prompts, outputs, arrivals=None, concurrency=None):

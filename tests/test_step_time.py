@@ -234,3 +234,46 @@ def test_models_of_one_tp_share_layer_times_across_pipeline_depths():
         StepTimeModel(build_deployment(llama70, GPU, Parallelism(4, 2), "vllm"), get_estimator("mlp"),
                       shares_with=first)
 
+
+
+@pytest.mark.parametrize("settings, largest", [
+    ({}, 512),  # vLLM's server default max_num_seqs (1024 on the H100): min(2 x 1024, 512)
+    ({"max_num_seqs": 8}, 16),
+    ({"max_cudagraph_capture_size": 2048}, 2048),
+    ({"max_cudagraph_capture_size": 2048, "max_num_batched_tokens": 1024}, 1024),  # never above the token budget
+])
+def test_vllm_runs_steps_up_to_the_deployments_capture_size_in_cuda_graphs(settings, largest):
+    """vLLM replays steps of up to its largest capture size as CUDA graphs and runs larger ones eagerly; the size
+    follows max_num_seqs unless --max-cudagraph-capture-size gives it."""
+    deployment = build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "vllm", **settings)
+    model = StepTimeModel(deployment)
+    assert deployment.cudagraph_capture_tokens == largest
+    assert model.graph_plan(largest, False).mode == "piecewise"
+    assert model.graph_plan(largest + 1, False).mode == "none"
+    eager = StepTimeModel(deployment, overhead=replace(deployment.release.overhead, eager_launch_us=1000.0))
+    batch = BatchSpec((PrefillChunk(largest + 1 - 3, 0),), (64,) * 3)  # a prompt chunk beside three decodes
+    launches = sum(n for _, n in eager.expand_stage(batch, 0).op_counts)
+    assert eager.step_time_us(batch).stage_us[0] >= launches * 1000.0  # launched one kernel at a time
+
+
+def test_gpt_oss_takes_vllms_larger_capture_size():
+    """vLLM raises gpt-oss's largest CUDA graph to 1024 tokens when the user gives none (992 in 0.11.0)."""
+    model = get_model("gpt-oss-120b")
+    assert build_deployment(model, GPU, Parallelism(2, 1), "vllm", "mxfp4").cudagraph_capture_tokens == 1024
+    assert build_deployment(model, GPU, Parallelism(2, 1), "vllm==0.11.0", "mxfp4").cudagraph_capture_tokens == 992
+    given = build_deployment(model, GPU, Parallelism(2, 1), "vllm", "mxfp4", max_cudagraph_capture_size=256)
+    assert given.cudagraph_capture_tokens == 256
+
+
+def test_the_capture_size_decides_which_step_times_a_model_may_share():
+    """Two vLLM deployments whose largest CUDA graphs differ time the same steps differently: the simulator refuses
+    a step-time model of the one for the other, and the launch command names the size that was assumed."""
+    base = build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "vllm")
+    wide = build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "vllm", max_cudagraph_capture_size=2048)
+    assert base.timing_identity() != wide.timing_identity()
+    assert "--max-cudagraph-capture-size 2048" in wide.launch_command()
+    assert "capture" not in base.launch_command()
+    old = build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "vllm==0.11.0", max_cudagraph_capture_size=64)
+    assert "--cuda-graph-sizes 64" in old.launch_command()
+    with pytest.raises(ServesimError, match="vLLM flag"):
+        build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "sglang", max_cudagraph_capture_size=64)

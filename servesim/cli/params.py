@@ -175,6 +175,13 @@ def scheduler_recv_interval_option(func):
                              "[default: 1].")(func)
 
 
+def max_cudagraph_capture_size_option(func):
+    """Add ``--max-cudagraph-capture-size`` (vLLM) as ``max_cudagraph_capture_size`` (None when not given)."""
+    return click.option("--max-cudagraph-capture-size", type=DIMENSION, default=None,
+                        help="vLLM --max-cudagraph-capture-size: the largest step, in tokens, run in a CUDA graph; "
+                             "larger steps run eagerly [default: min(2 x max_num_seqs, 512); gpt-oss 1024].")(func)
+
+
 def mxfp4_moe_backend_option(func):
     """Add ``--mxfp4-moe-backend`` (:data:`servesim.kernels.engines.MXFP4_MOE_BACKENDS`) as ``mxfp4_moe_backend``."""
     from servesim.kernels.engines import MXFP4_MOE_BACKENDS

@@ -20,6 +20,7 @@ from servesim.cli.params import (
     engine_behaviour_options,
     dp_option,
     ep_option,
+    max_cudagraph_capture_size_option,
     moe_backend_option,
     mxfp4_moe_backend_option,
     scheduler_recv_interval_option,
@@ -61,6 +62,7 @@ def _engine_options(func):
         mxfp4_moe_backend_option,
         moe_backend_option,
         scheduler_recv_interval_option,
+        max_cudagraph_capture_size_option,
         engine_behaviour_options,
     )):
         func = option(func)
@@ -69,7 +71,7 @@ def _engine_options(func):
 
 def _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
            gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend,
-           moe_backend, scheduler_recv_interval):
+           moe_backend, scheduler_recv_interval, max_cudagraph_capture_size):
     """The deployment the options describe and its step-time model."""
     from servesim.hardware import get_gpu
     from servesim.models import get_model
@@ -84,7 +86,8 @@ def _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_nu
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-        mxfp4_moe_backend=mxfp4_moe_backend, moe_backend=moe_backend, scheduler_recv_interval=scheduler_recv_interval)
+        mxfp4_moe_backend=mxfp4_moe_backend, moe_backend=moe_backend, scheduler_recv_interval=scheduler_recv_interval,
+        max_cudagraph_capture_size=max_cudagraph_capture_size)
     return deployment, StepTimeModel(deployment)
 
 
@@ -173,7 +176,8 @@ def _overload(result, workload) -> dict:
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                      max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
-                     scheduler_recv_interval, prefix_caching, async_scheduling, source, num_requests,
+                     scheduler_recv_interval, max_cudagraph_capture_size, prefix_caching, async_scheduling, source,
+                     num_requests,
                      columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
                      output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
@@ -190,7 +194,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
     mapping = parse_columns(columns) if columns else None
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
-                                    async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval)
+                                    async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval,
+                                    max_cudagraph_capture_size)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
@@ -245,7 +250,8 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
 @output_format_options
 def latency_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
-                    scheduler_recv_interval, prefix_caching, async_scheduling, batch_size, input_len,
+                    scheduler_recv_interval, max_cudagraph_capture_size, prefix_caching, async_scheduling, batch_size,
+                    input_len,
                     output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
 
@@ -260,7 +266,8 @@ def latency_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimato
 
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
-                                    async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval)
+                                    async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval,
+                                    max_cudagraph_capture_size)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     check_context(model, input_len + output_len, fix="lower --input-len/--output-len")
     workload = build_workload(f"fixed:{input_len}:{output_len}", batch_size, arrival="burst")

@@ -198,12 +198,14 @@ class EngineKernels:
         :attr:`fused_shared_experts`): never under expert parallelism."""
         return ep == 1 and (model_type, routed_experts, shared_experts) in self.fused_shared_experts
 
-    def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
+    def capture_sizes(self, gpu: GpuTraits, tp: int, capture_tokens: int | None = None) -> tuple[int, ...]:
         raise NotImplementedError
 
     def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
-                   local_attention: bool = False) -> GraphPlan:
-        """How a step of ``num_tokens`` runs; ``local_attention``: the model has chunked-local-attention layers."""
+                   local_attention: bool = False, capture_tokens: int | None = None) -> GraphPlan:
+        """How a step of ``num_tokens`` runs; ``local_attention``: the model has chunked-local-attention layers;
+        ``capture_tokens``: the deployment's largest captured step where the engine lets it be set (vLLM's
+        ``EngineSettings.cudagraph_capture_tokens``; None: the engine's default)."""
         raise NotImplementedError
 
     def all_reduce_impl(self, nbytes: int, gpu: GpuTraits) -> str:
@@ -217,19 +219,22 @@ class EngineKernels:
 
 @dataclass(frozen=True, eq=False)  # keeps EngineKernels's hash (name, version)
 class VllmKernels(EngineKernels):
-    """vLLM V1 0.11: ``cudagraph_mode=FULL_AND_PIECEWISE``; capture sizes 1, 2, 4 and multiples of 8 up to
-    ``min(2 * max_num_seqs, 512)`` = 512 for the OpenAI server's ``max_num_seqs`` (256 or 1024)."""
+    """vLLM V1 0.11: ``cudagraph_mode=FULL_AND_PIECEWISE``; capture sizes 1, 2, 4 and multiples of 8 up to the
+    deployment's largest captured step (512, vLLM's default for the OpenAI server's ``max_num_seqs`` of 256 or 1024,
+    when not given); a step above the largest size runs without graphs."""
 
     max_capture_tokens: int = 512
 
-    def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
-        return (1, 2, 4, *range(8, self.max_capture_tokens + 1, 8))
+    def capture_sizes(self, gpu: GpuTraits, tp: int, capture_tokens: int | None = None) -> tuple[int, ...]:
+        limit = self.max_capture_tokens if capture_tokens is None else capture_tokens
+        return (*(size for size in (1, 2, 4) if size <= limit), *range(8, limit + 1, 8))
 
     def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
-                   local_attention: bool = False) -> GraphPlan:
-        if num_tokens > self.max_capture_tokens:
+                   local_attention: bool = False, capture_tokens: int | None = None) -> GraphPlan:
+        sizes = self.capture_sizes(gpu, tp, capture_tokens)
+        if num_tokens > sizes[-1]:
             return GraphPlan("none", num_tokens)
-        padded = _pad(num_tokens, self.capture_sizes(gpu, tp))
+        padded = _pad(num_tokens, sizes)
         # Chunked local attention's metadata builder takes no CUDA graph (AttentionCGSupport.NEVER in
         # vllm/model_executor/layers/attention/chunked_local_attention.py, 0.15.1), so the model runner turns
         # FULL_AND_PIECEWISE into PIECEWISE (v1/worker/gpu_model_runner.py _check_and_update_cudagraph_mode).
@@ -245,13 +250,13 @@ class SglangKernels(EngineKernels):
     def max_graph_batch(self, gpu: GpuTraits, tp: int) -> int:
         return sglang_memory_defaults(gpu.memory_gib, tp)[1]
 
-    def capture_sizes(self, gpu: GpuTraits, tp: int) -> tuple[int, ...]:
+    def capture_sizes(self, gpu: GpuTraits, tp: int, capture_tokens: int | None = None) -> tuple[int, ...]:
         limit = self.max_graph_batch(gpu, tp)
         sizes = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, limit + 1, 32))
         return tuple(s for s in sizes if s <= limit)
 
     def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
-                   local_attention: bool = False) -> GraphPlan:
+                   local_attention: bool = False, capture_tokens: int | None = None) -> GraphPlan:
         if not decode_only or num_tokens > self.max_graph_batch(gpu, tp):
             return GraphPlan("none", num_tokens)
         return GraphPlan("full", _pad(num_tokens, self.capture_sizes(gpu, tp)))

@@ -925,15 +925,18 @@ def expand(
     ep: int = 1,
     moe_backend: str = "auto",
     dp: int = 1,
+    capture_tokens: int | None = None,
 ) -> StepKernels:
     """The kernels and collectives one GPU of pipeline stage ``stage`` launches for ``batch`` under ``engine``, the
     routed experts split over ``ep`` of the ``tp`` GPUs, attention over ``tp / dp`` of them when ``dp`` attention
     data-parallel ranks share the TP group, ``batch`` being one rank's (:class:`servesim.models.parallel.Parallelism`).
 
     ``mxfp4_moe_backend`` picks the MoE kernel of MXFP4 experts (``MXFP4_MOE_BACKENDS``; ``auto``: the engine's
-    default for the GPU), ``moe_backend`` that of BF16 and FP8 ones (``MOE_BACKENDS``). Memoised on (engine, model,
-    the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype, the MoE kernels, ep, dp): a simulator calls
-    it for every step and repeated step shapes cost a dictionary look-up.
+    default for the GPU), ``moe_backend`` that of BF16 and FP8 ones (``MOE_BACKENDS``); ``capture_tokens`` is the
+    largest step run in a CUDA graph where the engine lets a deployment set it (vLLM; None: the engine's default).
+    Memoised on (engine, model, the GPU traits that matter, batch, tp, pp, stage, dtype, kv_cache_dtype, the MoE
+    kernels, ep, dp, capture_tokens): a simulator calls it for every step and repeated step shapes cost a dictionary
+    look-up.
     """
     config = get_engine_kernels(engine)
     if dtype not in WEIGHT_DTYPES:
@@ -955,7 +958,7 @@ def expand(
     trtllm_moe = config.moe_backend(traits.architecture, model.model_type, served_weights(model, dtype),
                                     moe_backend) == "flashinfer-trtllm"
     return _expand_cached(config, model, traits, batch, tp, pp, stage, dtype, kv_cache_dtype, mxfp4_moe, ep,
-                          trtllm_moe, dp)
+                          trtllm_moe, dp, capture_tokens)
 
 
 def check_weight_format(model: ModelConfig, dtype: str) -> None:
@@ -1080,6 +1083,7 @@ def step_part(
     dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
     dp: int = 1,
+    capture_tokens: int | None = None,
 ) -> tuple[Op, ...]:
     """One part of :func:`expand`'s step for ``batch``, without expanding the rest, which lets step times be split
     (servesim/serving/step_time.py):
@@ -1094,7 +1098,8 @@ def step_part(
         raise ServesimError(f"unknown step part {part!r}; choose one of {', '.join(STEP_PARTS)}")
     config = get_engine_kernels(engine)
     traits = gpu_traits(gpu, config.name, tp // dp)
-    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp, bool(model.attention_chunk_size))
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, traits, tp, bool(model.attention_chunk_size),
+                             capture_tokens)
     ctx = _context(config, model, traits, batch, tp, dtype, kv_cache_dtype, plan, dp=dp)
     if part == "sampled_rows":
         return tuple(_sampled_rows(ctx, plan))
@@ -1110,8 +1115,10 @@ def step_part(
 def _expand_cached(
     config: EngineKernels, model: ModelConfig, gpu: GpuTraits, batch: BatchSpec, tp: int, pp: int, stage: int,
     dtype: str, kv_cache_dtype: str, mxfp4_moe: str = "triton", ep: int = 1, trtllm_moe: bool = False, dp: int = 1,
+    capture_tokens: int | None = None,
 ) -> StepKernels:
-    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp, bool(model.attention_chunk_size))
+    plan = config.graph_plan(batch.num_tokens, batch.is_decode_only, gpu, tp, bool(model.attention_chunk_size),
+                             capture_tokens)
     ctx = _context(config, model, gpu, batch, tp, dtype, kv_cache_dtype, plan, mxfp4_moe, ep, trtllm_moe, dp)
     layers = stage_layers(model.num_layers, pp, stage)
     # Layer bodies by (is MoE, is sliding-window, is linear, uses RoPE), each built once (layer 0 differs, built

@@ -41,6 +41,9 @@ class EngineSettings:
     #: SGLang --schedule-conservativeness (default 1.0; 0.3 times that with attention data parallelism,
     #: server_args.py ``_handle_data_parallelism``): scales the new-token ratio its admission starts from.
     schedule_conservativeness: float = 1.0
+    #: vLLM --max-cudagraph-capture-size: the largest step, in tokens, captured in a CUDA graph (None: vLLM's
+    #: default for the model, ``Vllm.cudagraph_capture_tokens``).
+    max_cudagraph_capture_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler_recv_interval < 1:
@@ -48,6 +51,13 @@ class EngineSettings:
         if self.engine != "sglang" and self.scheduler_recv_interval != 1:
             raise ServesimError(f"--scheduler-recv-interval is an SGLang flag; {self.engine} has none: drop it or "
                                 f"use --engine sglang")
+        if self.max_cudagraph_capture_size is not None:
+            if self.engine != "vllm":
+                raise ServesimError(f"--max-cudagraph-capture-size is a vLLM flag; {self.engine} captures its decode "
+                                    f"batches by its own rule: drop it or use --engine vllm")
+            if self.max_cudagraph_capture_size < 1:
+                raise ServesimError(f"--max-cudagraph-capture-size must be 1 or more, not "
+                                    f"{self.max_cudagraph_capture_size}")
         # vllm/config/scheduler.py SchedulerConfig verification: a step must have room for one token per sequence.
         if self.engine == "vllm" and self.max_num_batched_tokens < self.max_num_seqs:
             raise ServesimError(

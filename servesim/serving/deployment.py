@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
 SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
                  "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend", "moe_backend",
-                 "scheduler_recv_interval")
+                 "scheduler_recv_interval", "max_cudagraph_capture_size")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,12 @@ class Deployment:
         return self.engine.kernels.moe_backend(self.gpu.architecture, self.model.model_type,
                                                served_weights(self.model, self.dtype), self.settings.moe_backend)
 
+    @property
+    def cudagraph_capture_tokens(self) -> int | None:
+        """The largest step, in tokens, that runs in a CUDA graph where the engine lets a deployment set it (vLLM;
+        None: the engine's kernels decide)."""
+        return self.engine.cudagraph_capture_tokens(self.model, self.release, self.settings)
+
     @functools.cached_property
     def memory(self) -> MemoryPlan:
         """Weights, reserves and the KV pool per GPU (made once per deployment)."""
@@ -85,7 +91,7 @@ class Deployment:
         depth, can share per-layer times (``StepTimeModel(shares_with=...)``)."""
         par = self.par
         return (self.model, self.gpu, par.tp, par.ep, par.dp, self.release, self.dtype, self.kv_cache_dtype,
-                self.mxfp4_moe_backend, self.moe_backend)
+                self.mxfp4_moe_backend, self.moe_backend, self.cudagraph_capture_tokens)
 
     def timing_identity(self) -> tuple:
         """What step times depend on: deployments that agree on it time every step alike (the engine settings that

@@ -38,6 +38,10 @@ VLLM_TP_COMM_BYTES = 0.25 * GIB
 #: Memory SGLang's processes hold before it measures free memory (CUDA context, NCCL); its KV pool is
 #: ``mem_fraction_static`` of what is free then, minus the weights (model_runner.py ``profile_max_num_token``).
 SGLANG_CONTEXT_BYTES = 0.5 * GIB
+#: vLLM's largest CUDA-graph step for gpt-oss when none is given: 1024 since the release that lifted FA3's full-graph
+#: limit (vllm-project/vllm pull request 27840; 0.12.0, 0.15.1); 992, that limit, in 0.11.0.
+GPT_OSS_CAPTURE_TOKENS = 1024
+GPT_OSS_CAPTURE_TOKENS_0_11 = 992
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,11 @@ class Engine:
         """(memory fraction, token budget per step, running requests) the server picks."""
         raise NotImplementedError
 
+    def cudagraph_capture_tokens(self, model: ModelConfig, release: Release, settings: EngineSettings) -> int | None:
+        """The largest step, in tokens, that runs in a CUDA graph where a deployment sets it (None: the engine's
+        kernels decide alone)."""
+        return None
+
     def memory_reserve(self, model: ModelConfig, par: Parallelism, settings: EngineSettings) -> MemoryReserve:
         """What the engine keeps out of its memory fraction besides weights."""
         raise NotImplementedError
@@ -192,6 +201,9 @@ class Engine:
             flags.append(self.async_flag if settings.async_scheduling else self.no_async_flag)
         if settings.scheduler_recv_interval > 1:
             flags.append(f"--scheduler-recv-interval {settings.scheduler_recv_interval}")
+        if settings.max_cudagraph_capture_size is not None:  # vLLM's; 0.11.0 named it --cuda-graph-sizes
+            name = "--cuda-graph-sizes" if settings.version == "0.11.0" else "--max-cudagraph-capture-size"
+            flags.append(f"{name} {settings.max_cudagraph_capture_size}")
         return flags
 
 
@@ -232,6 +244,19 @@ class Vllm(Engine):
             raise ServesimError(f"vllm splits the experts over all {par.tp} GPUs of the TP group or none "
                                 f"(--enable-expert-parallel), not {par.ep}; use --ep 1 or --ep {par.tp}, or "
                                 f"--engine sglang (--ep-size {par.ep})")
+
+    def cudagraph_capture_tokens(self, model: ModelConfig, release: Release, settings: EngineSettings) -> int:
+        """``--max-cudagraph-capture-size`` (0.11.0: ``--cuda-graph-sizes``), by default ``min(2 × max_num_seqs,
+        512)``, never above the token budget (``VllmConfig._set_cudagraph_sizes`` in vllm/config/vllm.py, 0.15.1;
+        0.11.0's ``SchedulerConfig.cuda_graph_sizes``); a larger step runs without graphs. gpt-oss defaults to
+        :data:`GPT_OSS_CAPTURE_TOKENS` (``GptOssForCausalLMConfig`` in vllm/model_executor/models/config.py)."""
+        limit = settings.max_cudagraph_capture_size
+        if limit is None:
+            if model.model_type == "gpt_oss":
+                limit = GPT_OSS_CAPTURE_TOKENS_0_11 if release.version == "0.11.0" else GPT_OSS_CAPTURE_TOKENS
+            else:
+                limit = min(2 * settings.max_num_seqs, 512)
+        return min(limit, settings.max_num_batched_tokens)
 
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:
         # vllm/engine/arg_utils.py: GPUs with >= 70 GiB whose name lacks "a100" get the larger server defaults.

@@ -109,6 +109,7 @@ class StepTimeModel:
         self.kv_cache_dtype = deployment.kv_cache_dtype
         self.mxfp4_moe_backend = deployment.mxfp4_moe_backend
         self.moe_backend = deployment.moe_backend
+        self.capture_tokens = deployment.cudagraph_capture_tokens
         self._traits = gpu_traits(gpu, self._engine.name, par.attention_tp)
         self._stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
         self._stage_alike = _alike_stages(model, par.pp)
@@ -145,11 +146,12 @@ class StepTimeModel:
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
         return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype,
-                         self.par.dp)
+                         self.par.dp, self.capture_tokens)
 
     def expand_stage(self, batch: BatchSpec, stage: int) -> StepKernels:
         return expand(self.engine, self.model, self.gpu, batch, self.par.tp, self.par.pp, stage, self.dtype,
-                      self.kv_cache_dtype, self.mxfp4_moe_backend, self.par.ep, self.moe_backend, self.par.dp)
+                      self.kv_cache_dtype, self.mxfp4_moe_backend, self.par.ep, self.moe_backend, self.par.dp,
+                      self.capture_tokens)
 
     def kernel_times_us(self, kernels: list[Kernel]) -> np.ndarray:
         """Times of ``kernels`` (µs), predicting each kernel not seen before in one batched estimator call (the
@@ -179,7 +181,7 @@ class StepTimeModel:
 
     def _graph_plan(self, num_tokens: int, decode_only: bool) -> GraphPlan:
         return self._engine.graph_plan(num_tokens, decode_only, self._traits, self.par.tp,
-                                       bool(self.model.attention_chunk_size))
+                                       bool(self.model.attention_chunk_size), self.capture_tokens)
 
     def _rest_time_us(self, num_tokens: int, num_requests: int, decode_only: bool) -> tuple[float, ...]:
         key = (num_tokens, num_requests, decode_only)

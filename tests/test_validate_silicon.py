@@ -337,6 +337,18 @@ def test_minimax_b200_nightly_rows_keep_the_default_token_budget(rows: pd.DataFr
     assert nightly and all(c.max_num_batched_tokens is None and c.kv_cache_dtype == "fp8" for c in nightly)
 
 
+def test_blackwell_vllm_rows_graph_the_steps_their_scripts_captured(rows: pd.DataFrame) -> None:
+    # --max-cudagraph-capture-size 2048 in minimaxm2.5_fp8_b200.sh from 2026-04-03 and the 0.19 MiniMax scripts,
+    # kimik2.5_fp4_b200.sh from 2026-04-20; not in the earlier scripts nor the B200 NVFP4 nightly one.
+    minimax = [*_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B200"), *_cases(rows, "MiniMaxAI/MiniMax-M2.5", "B300")]
+    kimi = _cases(rows, "moonshotai/Kimi-K2.5", "B200")
+    captured = [c for c in minimax if c.engine_version.startswith("0.19")]
+    captured += [c for c in kimi if "measured=2026-04-20" in c.source]
+    assert captured and all(c.max_cudagraph_capture_size == 2048 for c in captured)
+    others = [c for c in (*minimax, *kimi) if c not in captured and c.gpu == "B200"]
+    assert others and all(c.max_cudagraph_capture_size is None for c in others)
+
+
 def test_minimax_vllm_rows_keep_the_memory_fraction_their_scripts_passed(rows: pd.DataFrame) -> None:
     # --gpu-memory-utilization 0.95 in minimaxm2.5_fp8_h200.sh, the 0.17 B200 script and the B200 nightly one; the
     # 0.19 scripts leave vLLM's 0.9.

@@ -90,6 +90,7 @@ class ServingCase:
     mxfp4_moe_backend: str = "auto"  # the MoE kernel of MXFP4 experts (auto: the engine's default for the GPU)
     moe_backend: str = "auto"  # the MoE kernel of BF16 and FP8 experts
     scheduler_recv_interval: int | None = None  # SGLang's --scheduler-recv-interval (None: the default, 1)
+    max_cudagraph_capture_size: int | None = None  # vLLM's --max-cudagraph-capture-size (None: its default)
     memory_fraction: float | None = None  # --gpu-memory-utilization / --mem-fraction-static (None: the default)
     measured_e2e_ms: float | None = None  # mean E2E, where the source gives it
     ep: int = 1  # the GPUs of the TP group the experts are split over (vLLM --enable-expert-parallel, SGLang --ep-size)
@@ -168,7 +169,8 @@ def case_deployment(case: ServingCase, model, gpu, estimator: str):
                             max_num_batched_tokens=case.max_num_batched_tokens,
                             async_scheduling=case.async_scheduling, enable_prefix_caching=case.prefix_caching,
                             mxfp4_moe_backend=case.mxfp4_moe_backend, moe_backend=case.moe_backend,
-                            scheduler_recv_interval=case.scheduler_recv_interval, memory_fraction=case.memory_fraction)
+                            scheduler_recv_interval=case.scheduler_recv_interval, memory_fraction=case.memory_fraction,
+                            max_cudagraph_capture_size=case.max_cudagraph_capture_size)
 
 
 def simulate_case(case: ServingCase, step_model: StepTimeModel) -> SimulationResult:

@@ -84,6 +84,7 @@ class BenchmarkProtocol:
     moe_backend: str = "auto"  # the MoE kernel the release picked for BF16 and FP8 experts, where servesim's differs
     per_prompt_token_us: float | None = None  # the API server's time per token of its prompt text (None: release's)
     memory_fraction: float | None = None  # --gpu-memory-utilization (None: the release's default)
+    max_cudagraph_capture_size: int | None = None  # --max-cudagraph-capture-size (None: the release's default)
 
 
 #: The API server's time per prompt token of InferenceX's prompts, µs: its client (``benchmark_serving.py
@@ -132,9 +133,12 @@ INFERENCEX_MINIMAX_EP = replace(INFERENCEX_MINIMAX, expert_parallel=True)
 INFERENCEX_MINIMAX_H100 = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=False,
                                       prefix_caching=False)
 #: ``minimaxm2.5_fp8_b200.sh`` from 2026-04-03 (bddbf4031) and ``minimaxm2.5_fp8_b300.sh`` (the vLLM 0.19 runs):
-#: ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens $((ISL * 2))`` and ``--no-enable-prefix-caching``.
+#: ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens $((ISL * 2))``, ``--no-enable-prefix-caching`` and
+#: ``--max-cudagraph-capture-size 2048`` (steps of up to 2,048 tokens in CUDA graphs; so do the NVFP4 scripts of the
+#: 0.19 runs, ``minimaxm2.5_fp4_b200.sh`` from 2026-04-08, 79bd988e9, and ``minimaxm2.5_fp4_b300.sh``).
 INFERENCEX_MINIMAX_BLACKWELL = _inferencex(kv_cache_dtype="fp8", max_num_seqs_is_concurrency=False,
-                                           prefix_caching=False, batched_tokens_per_isl=2)
+                                           prefix_caching=False, batched_tokens_per_isl=2,
+                                           max_cudagraph_capture_size=2048)
 #: Their vLLM 0.19.0 runs: that release's FP8 MoE oracle (``model_executor/layers/fused_moe/oracle/fp8.py``) takes
 #: FlashInfer's TRT-LLM block-FP8 MoE on SM100 for MiniMax-M2.5, whose routing (sigmoid scores with a bias, no expert
 #: groups) and FP32 router logits 0.17 and 0.18 refused for it (``experts/trtllm_fp8_moe.py``): the variant where
@@ -157,13 +161,15 @@ _GPT_OSS_KV_FP8_FROM, _GPT_OSS_MARLIN_FROM = "2025-12-05", "2026-01-02"
 #: 6c3acebfa): its runs the configuration labels ``ep: 4`` ran the experts tensor-parallel over the TP ranks.
 INFERENCEX_KIMI = _inferencex(kv_cache_dtype="auto", max_num_seqs_is_concurrency=True, prefix_caching=False,
                               expert_parallel=False)
-#: ``kimik2.5_fp4_b200.sh`` from 2026-04-20 (6c3acebfa): ``--kv-cache-dtype fp8`` and ``--max-num-batched-tokens
-#: $((ISL * 2))`` besides.
-INFERENCEX_KIMI_B200_APRIL = replace(INFERENCEX_KIMI, kv_cache_dtype="fp8", batched_tokens_per_isl=2)
+#: ``kimik2.5_fp4_b200.sh`` from 2026-04-20 (6c3acebfa): ``--kv-cache-dtype fp8``, ``--max-num-batched-tokens
+#: $((ISL * 2))`` and ``--max-cudagraph-capture-size 2048`` besides.
+INFERENCEX_KIMI_B200_APRIL = replace(INFERENCEX_KIMI, kv_cache_dtype="fp8", batched_tokens_per_isl=2,
+                                     max_cudagraph_capture_size=2048)
 #: ``minimaxm2.5_fp4_b200.sh`` of the vLLM nightly runs (2026-04-02, 08bcde8f1, the image
 #: ``vllm-openai:nightly-5b8c30d6…``): ``--kv-cache-dtype fp8``, ``--no-enable-prefix-caching`` and
-#: ``--gpu-memory-utilization 0.95`` but no token budget.
-INFERENCEX_MINIMAX_FP4_NIGHTLY = replace(INFERENCEX_MINIMAX_BLACKWELL, batched_tokens_per_isl=0, memory_fraction=0.95)
+#: ``--gpu-memory-utilization 0.95`` but no token budget and no CUDA-graph size.
+INFERENCEX_MINIMAX_FP4_NIGHTLY = replace(INFERENCEX_MINIMAX_BLACKWELL, batched_tokens_per_isl=0, memory_fraction=0.95,
+                                         max_cudagraph_capture_size=None)
 #: InferenceX launches whose flags differ from the Llama-3.1-70B scripts', by the row's model id and GPU.
 INFERENCEX_BY_MODEL = {("openai/gpt-oss-120b", "H100-SXM"): INFERENCEX_GPT_OSS_HOPPER,
                        ("openai/gpt-oss-120b", "H200"): INFERENCEX_GPT_OSS_HOPPER,
@@ -442,6 +448,7 @@ def silicon_case(row: Mapping, seed: int = 0) -> ServingCase | Skipped:
         moe_backend=protocol.moe_backend if weights.startswith("fp8") else "auto",
         per_prompt_token_us=protocol.per_prompt_token_us,
         scheduler_recv_interval=recv_interval, memory_fraction=memory_fraction,
+        max_cudagraph_capture_size=protocol.max_cudagraph_capture_size,
     )
 
 

@@ -133,6 +133,16 @@ def test_a_moe_model_pays_the_engines_moe_launch_cost():
     assert StepTimeModel(moe, overhead=plain).launch_us == overhead.eager_launch_us
 
 
+def test_vllm_0_15_1_charges_moe_models_more_per_eager_launch():
+    """vLLM 0.15.1's eager MoE steps run each MoE layer's Python around its kernels: a MoE model's launches cost
+    more than a dense one's there, and as much as a dense one's in the releases not fitted for it."""
+    dense, moe = get_model("llama3-8b"), get_model("qwen3-30b-a3b")
+    launch_us = {(m.name, e): StepTimeModel(build_deployment(m, GPU, Parallelism(1, 1), e)).launch_us
+                 for m in (dense, moe) for e in ("vllm==0.15.1", "vllm==0.12.0")}
+    assert launch_us[(moe.name, "vllm==0.15.1")] > launch_us[(dense.name, "vllm==0.15.1")]
+    assert launch_us[(moe.name, "vllm==0.12.0")] == launch_us[(dense.name, "vllm==0.12.0")]
+
+
 def mixed_step(chunks: list[tuple[int, int]], contexts: list[int]) -> tuple[Step, BatchSpec]:
     prefills = tuple(PrefillChunk(new, cached) for new, cached in chunks)
     step = Step(requests=(), new_tokens=(), num_decodes=len(contexts), decode_context_tokens=sum(contexts),

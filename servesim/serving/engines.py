@@ -21,8 +21,8 @@ from servesim.models.config import ModelConfig
 from servesim.models.memory import GIB, MemoryReserve
 from servesim.models.parallel import Parallelism, padded_vocab_per_gpu
 from servesim.serving.config import EngineSettings
-from servesim.serving.overhead import (HOST_OVERHEAD, VLLM_0_15_1_DEVICE_STEP_US, VLLM_REQUEST_LATENCY_US,
-                                       HostOverhead)
+from servesim.serving.overhead import (HOST_OVERHEAD, VLLM_0_15_1_DEVICE_STEP_US, VLLM_0_15_1_MOE_EAGER_LAUNCH_US,
+                                       VLLM_REQUEST_LATENCY_US, HostOverhead)
 from servesim.serving.scheduler import Scheduler
 from servesim.serving.scheduler_sglang import SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
@@ -328,7 +328,8 @@ def activation_reserve_bytes(model: ModelConfig, par: Parallelism, settings: Eng
 
 _VLLM_OVERHEAD = HOST_OVERHEAD[("vllm", "0.11.0")]
 _VLLM_ASYNC_OVERHEAD = replace(_VLLM_OVERHEAD, request_latency_us=VLLM_REQUEST_LATENCY_US,
-                               device_step_us=VLLM_0_15_1_DEVICE_STEP_US, device_per_seq_us=0.0)
+                               device_step_us=VLLM_0_15_1_DEVICE_STEP_US, device_per_seq_us=0.0,
+                               moe_eager_launch_us=VLLM_0_15_1_MOE_EAGER_LAUNCH_US)
 _SGLANG_OVERHEAD = HOST_OVERHEAD[("sglang", "0.5.3")]
 
 VLLM = Vllm("vllm", (

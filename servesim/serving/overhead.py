@@ -26,8 +26,9 @@ no kernel model accounts for. servesim models that cost with these terms:
 
 The table is keyed by the engine and the version whose kernels servesim models (``servesim.kernels.engines``);
 the engine registry (``servesim.serving.engines``) gives each release its constants. ``tools/calibrate_overhead.py``
-fits the host and device terms to measured serving runs (docs/validation.md); the launch terms are not
-identifiable from end-to-end runs and keep their prior values, stated below.
+fits the host and device terms to measured serving runs (docs/validation.md); the launch terms keep their prior
+values or those read from public measurements, stated below, but for vLLM 0.15.1's MoE launch cost, chosen on runs
+whose prompt steps ran eagerly (:data:`VLLM_0_15_1_MOE_EAGER_LAUNCH_US`).
 """
 
 from __future__ import annotations
@@ -144,6 +145,16 @@ VLLM_REQUEST_LATENCY_US = 8600.0
 #: calibrate_overhead.py --estimator mlp --release vllm==0.15.1 --results ... --exclude-model openai/gpt-oss-120b``,
 #: docs/validation-results.md; gpt-oss is left out because its Marlin MoE times are off, docs/kernels.md).
 VLLM_0_15_1_DEVICE_STEP_US = 300.0
+
+#: vLLM 0.15.1's CPU cost per eager launch of a model with MoE layers, µs (``moe_eager_launch_us``; dense models keep
+#: the 5 µs prior). A step above the deployment's largest CUDA graph runs the torch.compile'd code without graphs,
+#: and each MoE layer's FusedMoE op runs its Python (routing, block alignment, activation quantisation) around the
+#: modelled kernels. Chosen on the release's runs of known protocol on the training GPU, as the device term above
+#: (MiniMax-M2.5's InferenceX H100 rows, whose 1k-token prompt steps exceed the 512-token graphs, and the
+#: inference-perf stages with Mixtral-8x7B), among 5, 40, 60, 70, 80 and 100 µs: ``tools/calibrate_overhead.py
+#: --estimator mlp --release vllm==0.15.1 --results ... --gpu H100-SXM --exclude-model openai/gpt-oss-120b --term
+#: moe_eager_launch_us --grid 5,40,60,70,80,100`` (docs/validation-results.md).
+VLLM_0_15_1_MOE_EAGER_LAUNCH_US = 40.0
 
 
 def host_overhead(engine: str, version: str) -> HostOverhead:

@@ -162,3 +162,39 @@ def test_step_log_keeps_launch_order_and_exact_counts(batches):
         column = log.column(name)
         assert column.dtype == (np.float64 if name.endswith("_s") else np.int64)
         assert column.tolist() == (expected[:, i] if name.endswith("_s") else expected[:, i].astype(np.int64)).tolist()
+
+
+@pytest.fixture(scope="module")
+def streamed(setup):
+    """The run of ``both`` (tokens kept, then gaps counted) with the API server streaming every 8th token."""
+    dep, step_model = setup
+    chunked = build_deployment(get_model("llama3-8b"), get_gpu("H100"), Parallelism(1, 2), "vllm",
+                               estimator="roofline", memory_fraction=0.13, max_num_batched_tokens=1024,
+                               stream_interval=8)
+    workload = build_workload("splitwise-conv", 300, qps=8.0, seed=3)
+    return [simulator.simulate(chunked, workload, step_model=step_model, replicas=2, token_times=keep)
+            for keep in (True, False)]
+
+
+def test_a_stream_interval_changes_what_the_client_times_between_and_nothing_else(both, streamed):
+    """With --stream-interval N the client gets a request's first token, every N-th after it and its last: TTFT,
+    TPOT and E2E stay, each request's chunk gaps add up to its E2E less its TTFT, and there are
+    ceil((output - 1) / N) of them."""
+    exact, chunked = both[0], streamed[0]
+    plain, summary = exact.summary(), chunked.summary()
+    for key in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms", "ttft_p99_ms", "e2e_p99_ms"):
+        assert summary[key] == plain[key], key
+    outputs = chunked.output_tokens
+    assert len(chunked.itl_s) == int((-(-(outputs - 1) // 8)).sum())
+    for rid in np.flatnonzero(outputs > 1)[:50]:
+        gaps = chunked.request_itl_ms(rid)
+        assert len(gaps) == -(-(outputs[rid] - 1) // 8)
+        assert gaps.sum() == pytest.approx((chunked.e2e_s[rid] - chunked.ttft_s[rid]) * 1e3, rel=1e-9)
+    assert summary["itl_p50_ms"] > plain["itl_p50_ms"]
+
+
+def test_counted_chunk_gaps_give_the_exact_itl_statistics(streamed):
+    exact, counted = streamed
+    values, counts = np.unique(exact.itl_s, return_counts=True)
+    np.testing.assert_array_equal(counted.itl_counts.values_s, values)
+    np.testing.assert_array_equal(counted.itl_counts.counts, counts)

@@ -287,3 +287,15 @@ def test_the_capture_size_decides_which_step_times_a_model_may_share():
     assert "--cuda-graph-sizes 64" in old.launch_command()
     with pytest.raises(ServesimError, match="vLLM flag"):
         build_deployment(get_model("llama3-8b"), GPU, Parallelism(1, 1), "sglang", max_cudagraph_capture_size=64)
+
+
+def test_the_stream_interval_is_a_launch_flag_of_the_releases_that_have_it():
+    """vLLM streams in chunks from 0.12.0 (--stream-interval); 0.11.0 refuses it with the release that works."""
+    model = get_model("llama3-8b")
+    for engine in ("vllm", "sglang"):
+        deployment = build_deployment(model, GPU, Parallelism(1, 1), engine, stream_interval=20)
+        assert "--stream-interval 20" in deployment.launch_command()
+        assert deployment.timing_identity() == build_deployment(model, GPU, Parallelism(1, 1), engine).timing_identity()
+    with pytest.raises(ServesimError, match="vllm==0.12.0"):
+        build_deployment(model, GPU, Parallelism(1, 1), "vllm==0.11.0", stream_interval=20)
+    assert build_deployment(model, GPU, Parallelism(1, 1), "vllm==0.12.0", stream_interval=20)

@@ -182,6 +182,14 @@ def max_cudagraph_capture_size_option(func):
                              "larger steps run eagerly [default: min(2 x max_num_seqs, 512); gpt-oss 1024].")(func)
 
 
+def stream_interval_option(func):
+    """Add ``--stream-interval`` (both engines) as ``stream_interval`` (None when not given)."""
+    return click.option("--stream-interval", type=DIMENSION, default=None,
+                        help="Tokens per streamed chunk (the engines' --stream-interval; vLLM 0.12.0 on): the first "
+                             "token goes at once, then every N-th and the last; ITL is timed between chunks "
+                             "[default: 1].")(func)
+
+
 def mxfp4_moe_backend_option(func):
     """Add ``--mxfp4-moe-backend`` (:data:`servesim.kernels.engines.MXFP4_MOE_BACKENDS`) as ``mxfp4_moe_backend``."""
     from servesim.kernels.engines import MXFP4_MOE_BACKENDS

@@ -21,6 +21,7 @@ from servesim.cli.params import (
     mxfp4_moe_backend_option,
     plan_degree,
     scheduler_recv_interval_option,
+    stream_interval_option,
     engine_option,
 )
 from servesim.errors import ServesimError, not_utf8
@@ -253,6 +254,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @moe_backend_option
 @scheduler_recv_interval_option
 @max_cudagraph_capture_size_option
+@stream_interval_option
 @engine_behaviour_options
 @click.option("--workload", "source", default="splitwise-conv", show_default=True, help="Profile (arxiv, splitwise-conv, splitwise-code, chat-shared-prefix), length spec (fixed:1024:128), prompt generator (shared-prefix:8,16:2048:128:256, repeat:100:1024:128, multi-turn:32,5:256:256, random:1024:128:0.5:256, prefix-repetition:256:256:10:128) or trace file (docs/workloads.md).")
 @click.option("-n", "--num-requests", type=REQUEST_COUNT, default=None, help="Requests simulated per load [default: 1000; a trace: all its rows].")
@@ -278,7 +280,7 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                  memory_fraction, kv_cache_dtype, mxfp4_moe_backend, moe_backend, scheduler_recv_interval,
-                 max_cudagraph_capture_size, prefix_caching, async_scheduling, source, num_requests, columns, arrival,
+                 max_cudagraph_capture_size, stream_interval, prefix_caching, async_scheduling, source, num_requests, columns, arrival,
                  seed, qps, concurrency, tolerance, gpu_budget, prices_file, price_overrides, executor, address, jobs,
                  plot_dir, quick, input_len, output_len, output_format, **slo_limits) -> None:
     """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
@@ -328,7 +330,8 @@ def plan_command(model_ref, gpu_list, tp, pp, ep, dp, engine, dtype, estimator, 
                           ("enable_prefix_caching", prefix_caching), ("async_scheduling", async_scheduling),
                           ("mxfp4_moe_backend", mxfp4_moe_backend), ("moe_backend", moe_backend),
                           ("scheduler_recv_interval", scheduler_recv_interval),
-                          ("max_cudagraph_capture_size", max_cudagraph_capture_size)),
+                          ("max_cudagraph_capture_size", max_cudagraph_capture_size),
+                          ("stream_interval", stream_interval)),
         mode=mode,
         target=qps if mode == "qps" else concurrency,
         tolerance=tolerance,

@@ -24,6 +24,7 @@ from servesim.cli.params import (
     moe_backend_option,
     mxfp4_moe_backend_option,
     scheduler_recv_interval_option,
+    stream_interval_option,
     engine_option,
 )
 from servesim.errors import ServesimError
@@ -71,7 +72,7 @@ def _engine_options(func):
 
 def _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
            gpu_memory_utilization, kv_cache_dtype, prefix_caching, async_scheduling, mxfp4_moe_backend,
-           moe_backend, scheduler_recv_interval, max_cudagraph_capture_size):
+           moe_backend, scheduler_recv_interval, max_cudagraph_capture_size, stream_interval=None):
     """The deployment the options describe and its step-time model."""
     from servesim.hardware import get_gpu
     from servesim.models import get_model
@@ -87,7 +88,7 @@ def _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_nu
         memory_fraction=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
         mxfp4_moe_backend=mxfp4_moe_backend, moe_backend=moe_backend, scheduler_recv_interval=scheduler_recv_interval,
-        max_cudagraph_capture_size=max_cudagraph_capture_size)
+        max_cudagraph_capture_size=max_cudagraph_capture_size, stream_interval=stream_interval)
     return deployment, StepTimeModel(deployment)
 
 
@@ -146,6 +147,7 @@ def _overload(result, workload) -> dict:
 
 @click.command("simulate")
 @_engine_options
+@stream_interval_option
 @click.option("--workload", "source", default="splitwise-conv", show_default=True,
               help="Profile (arxiv, splitwise-conv, splitwise-code, chat-shared-prefix), length spec "
                    "(fixed:1024:128), prompt generator (shared-prefix:8,16:2048:128:256, repeat:100:1024:128, "
@@ -176,10 +178,9 @@ def _overload(result, workload) -> dict:
 @output_format_options
 def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                      max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
-                     scheduler_recv_interval, max_cudagraph_capture_size, prefix_caching, async_scheduling, source,
-                     num_requests,
-                     columns, qps, concurrency, arrival, cv, seed, replicas, router, goodput_text, requests_csv, trace_path,
-                     output_format) -> None:
+                     scheduler_recv_interval, max_cudagraph_capture_size, prefix_caching, async_scheduling,
+                     stream_interval, source, num_requests, columns, qps, concurrency, arrival, cv, seed, replicas,
+                     router, goodput_text, requests_csv, trace_path, output_format) -> None:
     """Simulate serving a workload: TTFT, TPOT, ITL and E2E percentiles, throughput and goodput.
 
     \b
@@ -195,7 +196,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
     deployment, step_model = _setup(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, prefix_caching,
                                     async_scheduling, mxfp4_moe_backend, moe_backend, scheduler_recv_interval,
-                                    max_cudagraph_capture_size)
+                                    max_cudagraph_capture_size, stream_interval)
     model, gpu, par, cfg = deployment.model, deployment.gpu, deployment.par, deployment.settings
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,

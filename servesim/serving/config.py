@@ -44,6 +44,9 @@ class EngineSettings:
     #: vLLM --max-cudagraph-capture-size: the largest step, in tokens, captured in a CUDA graph (None: vLLM's
     #: default for the model, ``Vllm.cudagraph_capture_tokens``).
     max_cudagraph_capture_size: int | None = None
+    #: --stream-interval (both engines; vLLM from 0.12.0): the API server streams a request's first token, then every
+    #: N-th and its last (servesim/serving/metrics.py ``streamed_positions``); what a client times ITL between.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.scheduler_recv_interval < 1:
@@ -58,6 +61,11 @@ class EngineSettings:
             if self.max_cudagraph_capture_size < 1:
                 raise ServesimError(f"--max-cudagraph-capture-size must be 1 or more, not "
                                     f"{self.max_cudagraph_capture_size}")
+        if self.stream_interval < 1:
+            raise ServesimError(f"--stream-interval must be 1 or more, not {self.stream_interval}")
+        if self.stream_interval > 1 and (self.engine, self.version) == ("vllm", "0.11.0"):
+            raise ServesimError("vLLM 0.11.0 has no --stream-interval (it came in 0.12.0); drop it or use "
+                                "--engine vllm==0.12.0 or later")
         # vllm/config/scheduler.py SchedulerConfig verification: a step must have room for one token per sequence.
         if self.engine == "vllm" and self.max_num_batched_tokens < self.max_num_seqs:
             raise ServesimError(

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: Settings a user may override (``build_deployment``'s keyword arguments), with the engines' own names.
 SETTING_NAMES = ("memory_fraction", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
                  "enable_prefix_caching", "async_scheduling", "mxfp4_moe_backend", "moe_backend",
-                 "scheduler_recv_interval", "max_cudagraph_capture_size")
+                 "scheduler_recv_interval", "max_cudagraph_capture_size", "stream_interval")
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,8 @@ class Engine:
             flags.append(self.async_flag if settings.async_scheduling else self.no_async_flag)
         if settings.scheduler_recv_interval > 1:
             flags.append(f"--scheduler-recv-interval {settings.scheduler_recv_interval}")
+        if settings.stream_interval > 1:
+            flags.append(f"--stream-interval {settings.stream_interval}")
         if settings.max_cudagraph_capture_size is not None:  # vLLM's; 0.11.0 named it --cuda-graph-sizes
             name = "--cuda-graph-sizes" if settings.version == "0.11.0" else "--max-cudagraph-capture-size"
             flags.append(f"{name} {settings.max_cudagraph_capture_size}")

@@ -7,8 +7,10 @@ Definitions follow ``vllm bench serve`` (and SGLang's ``bench_serving``, which u
   requests; undefined for one-token outputs, which are left out.
 - TPOT including the first token (``tpot_incl_ms``): ``E2E / output`` per request, as tools that divide the whole
   latency by the tokens report it.
-- ITL (``itl_ms``): every gap between consecutive tokens of a request, pooled over all requests (so a request with
-  more tokens weighs more). Its mean is the token-weighted TPOT.
+- ITL (``itl_ms``): every gap between consecutive tokens of a request as the client receives them, pooled over all
+  requests (so a request with more tokens weighs more). With ``--stream-interval N`` the engine sends a request's
+  first token, every N-th token after it and its last (:func:`streamed_positions`), and the client times each
+  chunk, so a gap spans up to N tokens; with N = 1 the mean is the token-weighted TPOT.
 - E2E: send to last token. Duration: first send to last completion; throughputs divide by it.
 - Goodput: completed requests per second that meet every given SLO (``ttft_ms``, ``tpot_ms``, ``e2e_ms``).
 
@@ -34,6 +36,24 @@ PERCENTILES = (50, 90, 99)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 #: Runs of up to this many output tokens keep every token's time by default (8 bytes a token, so 32 MB here).
 TOKEN_TIMES_MAX_TOKENS = 4_000_000
+
+
+def streamed_positions(output_tokens: int, stream_interval: int) -> np.ndarray:
+    """Which of a request's ``output_tokens`` tokens (0-based) end a chunk the engine streams: the first, every
+    ``stream_interval``-th after it and the last. SGLang sends when ``len(output_ids) % interval == 1`` or the
+    request finished (``scheduler_output_processor_mixin.py``, 0.5.3 to 0.5.10); vLLM sends the first token, then
+    once ``interval`` tokens are unsent, and at the finish (``v1/engine/output_processor.py``, pull request 27869,
+    0.12.0 on)."""
+    positions = np.arange(0, output_tokens, stream_interval)
+    return positions if positions[-1] == output_tokens - 1 else np.append(positions, output_tokens - 1)
+
+
+def streamed_mask(token_offsets: np.ndarray, stream_interval: int) -> np.ndarray:
+    """Over a run's flat token times (request ``i``'s at ``token_offsets[i]:token_offsets[i + 1]``), which end a
+    streamed chunk (:func:`streamed_positions` for every request at once)."""
+    lengths = np.diff(token_offsets)
+    position = np.arange(int(token_offsets[-1])) - np.repeat(token_offsets[:-1], lengths)
+    return (position % stream_interval == 0) | (position == np.repeat(lengths, lengths) - 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,6 +137,7 @@ class SimulationResult:
     steps: StepRecord
     info: Mapping[str, Any] = field(default_factory=dict)  # what was simulated: model, GPU, engine knobs, ...
     itl_counts: GapCounts | None = None  # the inter-token gaps of a run without token times
+    stream_interval: int = 1  # tokens per streamed chunk (--stream-interval): what ITL is measured between
 
     def __len__(self) -> int:
         return len(self.issue_s)
@@ -138,9 +159,12 @@ class SimulationResult:
 
     @cached_property
     def itl_s(self) -> np.ndarray:
-        """All inter-token gaps, pooled (gaps across request boundaries removed)."""
-        gaps = np.diff(self._token_times_s())
-        return np.delete(gaps, self.token_offsets[1:-1] - 1)
+        """All gaps between the chunks a client receives, pooled (gaps across request boundaries removed)."""
+        times, offsets = self._token_times_s(), self.token_offsets
+        if self.stream_interval > 1 and len(times):
+            kept = streamed_mask(offsets, self.stream_interval)
+            times, offsets = times[kept], np.concatenate([[0], np.cumsum(np.add.reduceat(kept, offsets[:-1]))])
+        return np.delete(np.diff(times), offsets[1:-1] - 1)
 
     def _token_times_s(self) -> np.ndarray:
         if self.token_times_s is None:
@@ -171,9 +195,9 @@ class SimulationResult:
         })
 
     def request_itl_ms(self, request_id: int) -> np.ndarray:
-        """The inter-token latencies of one request, ms."""
+        """The inter-token latencies of one request as its client receives the chunks, ms."""
         times = self._token_times_s()[self.token_offsets[request_id]:self.token_offsets[request_id + 1]]
-        return np.diff(times) * 1e3
+        return np.diff(times[streamed_positions(len(times), self.stream_interval)]) * 1e3
 
     @cached_property
     def duration_s(self) -> float:

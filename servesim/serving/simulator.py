@@ -192,7 +192,7 @@ def simulate(
     _check_fits(fleet[0].scheduler, workload)
     if token_times is None:
         token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
-    requests = RequestLog(workload.output_tokens, token_times)
+    requests = RequestLog(workload.output_tokens, token_times, cfg.stream_interval)
     steps = _run(fleet, workload, requests, make_router(router, seed), fast_forward_decodes,
                  ViolationCounter(stop_rules) if stop_rules else None, progress)
     info = {
@@ -201,7 +201,7 @@ def simulate(
         "max_num_seqs": cfg.max_num_seqs, "memory_fraction": cfg.memory_fraction,
         "kv_cache_dtype": cfg.kv_cache_dtype, "prefix_caching": cfg.enable_prefix_caching,
         "async_scheduling": cfg.async_scheduling, "mxfp4_moe_backend": deployment.mxfp4_moe_backend,
-        "moe_backend": deployment.moe_backend,
+        "moe_backend": deployment.moe_backend, "stream_interval": cfg.stream_interval,
         "kv_tokens_per_replica": fleet[0].scheduler.kv_capacity_tokens, "replicas": replicas,
         "dp": par.dp, "router": router,
         "workload": workload.name, "arrival_mode": workload.arrival_mode, "concurrency": workload.concurrency,
@@ -348,4 +348,5 @@ def _result(workload: Workload, requests: RequestLog, log: StepLog, kv_capacity:
         steps=steps,
         info=info,
         itl_counts=None if requests.gaps is None else requests.gaps.counts(),
+        stream_interval=requests.stream_interval,
     )

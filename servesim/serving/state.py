@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servesim.kernels.batch import BatchSpec, PrefillChunk
-from servesim.serving.metrics import GapCounts
+from servesim.serving.metrics import GapCounts, streamed_positions
 
 
 class RequestState:
@@ -239,13 +239,15 @@ class RequestLog:
     """What the run keeps of each request once it finishes: its timings, one array per field (request ``rid`` at
     index ``rid``, not a Python object per request), and its token times: every one (``keep_token_times``, one
     float64 buffer for the run, request ``i``'s at ``token_offsets[i]:token_offsets[i + 1]``) or only the gaps
-    between them, counted (:class:`GapCounter`). The replica a request was routed to is written at routing."""
+    between the chunks its client receives (``stream_interval`` tokens each), counted (:class:`GapCounter`). The
+    replica a request was routed to is written at routing."""
 
     __slots__ = ("issue_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "cached_tokens",
-                 "replica", "token_offsets", "token_times_s", "gaps", "finished")
+                 "replica", "token_offsets", "token_times_s", "gaps", "finished", "stream_interval")
 
-    def __init__(self, output_tokens: np.ndarray, keep_token_times: bool) -> None:
+    def __init__(self, output_tokens: np.ndarray, keep_token_times: bool, stream_interval: int = 1) -> None:
         n = len(output_tokens)
+        self.stream_interval = stream_interval
         self.issue_s = np.zeros(n)
         self.first_scheduled_s = np.zeros(n)
         self.first_token_s = np.zeros(n)
@@ -270,7 +272,9 @@ class RequestLog:
         if self.gaps is None:
             start = int(self.token_offsets[rid])
             self.token_times_s[start:start + req.output] = times
-        else:
+        elif self.stream_interval == 1:
             self.gaps.add(np.array(times))
+        else:
+            self.gaps.add(np.array(times)[streamed_positions(req.output, self.stream_interval)])
         req.token_times_s = None
         self.finished += 1

@@ -41,9 +41,12 @@ def _attention_parts(model: StepTimeModel, batch: BatchSpec, stage: int) -> tupl
     return sum(us for us, _ in parts), sum(n for _, n in parts)
 
 
-def _launch_bound(model: StepTimeModel, kernel_us: float, launches: int, eager: bool) -> float:
-    """Eager kernels last their time or the CPU's time to launch them, whichever is longer."""
-    return max(kernel_us, launches * model.launch_us) if eager else kernel_us
+def _launch_bound(model: StepTimeModel, kernel_us: float, launches: int, graph_mode: str) -> float:
+    """Eager kernels last their time or the CPU's time to launch them, whichever is longer: a step without graphs
+    launches at the model's cost, attention between a piecewise graph's pieces at the plain one."""
+    if graph_mode == "full":
+        return kernel_us
+    return max(kernel_us, launches * (model.piecewise_launch_us if graph_mode == "piecewise" else model.launch_us))
 
 
 def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[float, ...], float]:
@@ -56,13 +59,12 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
     mixed = bool(batch.prefills and batch.decodes)
     for stage in range(model.par.pp):
         step = model.expand_stage(batch, stage)
-        eager_attention = step.graph_mode != "full"
-        attention_us = _launch_bound(model, *_attention_parts(model, batch, stage), eager_attention)
+        attention_us = _launch_bound(model, *_attention_parts(model, batch, stage), step.graph_mode)
         if mixed:
             apart = [_attention_parts(model, part, stage)
                      for part in (BatchSpec(decodes=batch.decodes), BatchSpec(prefills=batch.prefills))]
             attention_us = min(attention_us, _launch_bound(model, sum(us for us, _ in apart),
-                                                           sum(n for _, n in apart), eager_attention))
+                                                           sum(n for _, n in apart), step.graph_mode))
         # Outside attention: a step with prompt chunks times the ops on its sampled rows (one per request) apart
         # from the others, each part lasting at least its launches when eager.
         sampled = set(model._step_part("sampled_rows", batch)) if batch.prefills else set()
@@ -79,7 +81,7 @@ def kernel_by_kernel_us(model: StepTimeModel, batch: BatchSpec) -> tuple[tuple[f
                 continue
             part[0] += float(model.estimator.predict_us([op], model.gpu)[0]) * repeats
             part[1] += repeats
-        total = attention_us + sum(_launch_bound(model, us, n, step.graph_mode == "none")
+        total = attention_us + sum(_launch_bound(model, us, n, "none" if step.graph_mode == "none" else "full")
                                    for us, n in parts.values())
         launches += step.graph_mode != "none"
         layers = len(stage_layers(model.model.num_layers, model.par.pp, stage))
@@ -299,3 +301,19 @@ def test_the_stream_interval_is_a_launch_flag_of_the_releases_that_have_it():
     with pytest.raises(ServesimError, match="vllm==0.12.0"):
         build_deployment(model, GPU, Parallelism(1, 1), "vllm==0.11.0", stream_interval=20)
     assert build_deployment(model, GPU, Parallelism(1, 1), "vllm==0.12.0", stream_interval=20)
+
+
+def test_a_moe_models_launch_cost_binds_steps_without_graphs_only():
+    """The MoE layers' Python runs in a vLLM step without graphs; in a piecewise graph they are inside the captured
+    pieces and only attention launches between them, at the plain cost. So a MoE launch cost moves a step above
+    the capture size and leaves a piecewise one alone."""
+    deployment = build_deployment(get_model("qwen3-30b-a3b"), GPU, Parallelism(1, 1), "vllm")
+    overhead = replace(deployment.release.overhead, device_step_us=0.0, device_per_seq_us=0.0)
+    costly = replace(overhead, moe_eager_launch_us=1000.0)
+    piecewise = BatchSpec((PrefillChunk(100, 0),), (64,) * 8)
+    eager = BatchSpec((PrefillChunk(1000, 0),), (64,) * 8)
+    models = [StepTimeModel(deployment, get_estimator("mlp"), o) for o in (overhead, costly)]
+    assert models[0].graph_plan(piecewise.num_tokens, False).mode == "piecewise"
+    assert models[0].graph_plan(eager.num_tokens, False).mode == "none"
+    assert models[1].step_time_us(piecewise).stage_us == models[0].step_time_us(piecewise).stage_us
+    assert models[1].step_time_us(eager).stage_us[0] > models[0].step_time_us(eager).stage_us[0]

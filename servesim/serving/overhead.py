@@ -9,8 +9,9 @@ no kernel model accounts for. servesim models that cost with these terms:
 - ``eager_launch_us``: the CPU cost of launching one kernel outside a CUDA graph: a stretch of eager kernels lasts
   their GPU time or their launches' CPU time, whichever is longer (the GPU cannot finish kernels faster than the
   CPU issues them);
-- ``moe_eager_launch_us``: the same in a model with MoE layers, where the engine's code issues more launches (and
-  more Python) around each modelled kernel (None: ``eager_launch_us``);
+- ``moe_eager_launch_us``: the same in a model with MoE layers run without graphs, where the engine's code issues
+  more launches (and more Python) around each modelled kernel (None: ``eager_launch_us``); attention between the
+  pieces of a piecewise graph launches at ``eager_launch_us``, the MoE layers being inside the pieces;
 - ``graph_launch_us``: replaying one captured CUDA graph;
 - ``device_step_us`` and ``device_per_seq_us``: GPU time of a step that the kernel model leaves out (gaps
   between kernels, synchronisation, the sampler's bookkeeping), spread over the pipeline stages by their layers.

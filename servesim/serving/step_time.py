@@ -99,8 +99,11 @@ class StepTimeModel:
         self.engine = deployment.engine.name
         self._engine = deployment.engine.kernels
         self.overhead = overhead or deployment.release.overhead
-        #: The CPU cost of one eager launch of this model (servesim/serving/overhead.py).
+        #: The CPU cost of one launch of this model in a step run without graphs (servesim/serving/overhead.py), and
+        #: of one attention launch between the captured pieces of a piecewise graph: only attention's own Python
+        #: runs there, the MoE layers being inside the pieces.
         self.launch_us = self.overhead.launch_us(deployment.model.is_moe)
+        self.piecewise_launch_us = self.overhead.eager_launch_us
         self.model = model
         self.gpu = gpu
         self.par = par
@@ -142,7 +145,7 @@ class StepTimeModel:
     def _layer_identity(self) -> tuple:
         """What one layer's kernels and their times depend on: the deployment's (``Deployment.layer_identity``) and,
         of the host's terms, the eager launch cost."""
-        return self.deployment.layer_identity(), self.launch_us
+        return self.deployment.layer_identity(), self.launch_us, self.piecewise_launch_us
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:
         return step_part(part, self.engine, self.model, self.gpu, batch, self.par.tp, self.dtype, self.kv_cache_dtype,
@@ -232,11 +235,12 @@ class StepTimeModel:
         gpu_us = float(kernel_us @ np.array([n for _, n in kernels])) + comm_us
         return max(gpu_us, self.launch_bound_us(sum(n for _, n in (*kernels, *collectives)))) if eager else gpu_us
 
-    def launch_bound_us(self, launches: float) -> float:
-        """The least time ``launches`` eager launches take: the CPU issues them one after another while the GPU runs
-        what it was given, so a stretch of eager kernels lasts their GPU time or the CPU's time to launch them,
-        whichever is longer (a short kernel costs nothing extra while a long one keeps the GPU busy)."""
-        return launches * self.launch_us
+    def launch_bound_us(self, launches: float, graph_mode: str = "none") -> float:
+        """The least time ``launches`` eager launches take in a step of ``graph_mode`` (``none`` or ``piecewise``):
+        the CPU issues them one after another while the GPU runs what it was given, so a stretch of eager kernels
+        lasts their GPU time or the CPU's time to launch them, whichever is longer (a short kernel costs nothing
+        extra while a long one keeps the GPU busy)."""
+        return launches * (self.piecewise_launch_us if graph_mode == "piecewise" else self.launch_us)
 
     def layer_attention_us(self, batch: BatchSpec) -> tuple[float, float]:
         """One layer's attention time, µs, and its mean number of kernels (memoised)."""
@@ -261,11 +265,11 @@ class StepTimeModel:
                 start += len(kernels)
             cycle = self.model.attention_cycle_layers
             for i, batch in enumerate(new):
-                eager = self.graph_plan(batch.num_tokens, batch.is_decode_only).mode != "full"
+                mode = self.graph_plan(batch.num_tokens, batch.is_decode_only).mode
                 # Attention runs eagerly (between the captured pieces of a piecewise graph, or in an eager step):
                 # it is launch-bound where its kernels are shorter than their launches.
-                total_us = [max(float(span.sum()), self.launch_bound_us(len(span))) if eager else float(span.sum())
-                            for span in (spans[i], spans[len(new) + i]) if len(span)]
+                total_us = [max(float(span.sum()), self.launch_bound_us(len(span), mode)) if mode != "full"
+                            else float(span.sum()) for span in (spans[i], spans[len(new) + i]) if len(span)]
                 known[batch] = (min(total_us) / cycle, len(launched[i]) / cycle)
         return [known[batch] for batch in batches]
 

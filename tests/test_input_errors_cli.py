@@ -130,6 +130,12 @@ def test_plan_quick_refuses_columns():
     refused(run("plan", "--model", "llama3-8b", "--quick", "--columns", "prompt=a,output=b"), "--columns")
 
 
+def test_plan_quick_refuses_a_stream_interval_it_would_ignore():
+    """--stream-interval only changes the simulated ITL, which --quick does not compute."""
+    refused(run("plan", "--model", "llama3-8b", "--quick", "--stream-interval", "10"), "--stream-interval",
+            "drop --quick")
+
+
 # One GPU without FP8 does not stop an FP8 comparison ---------------------------------------------------------------
 
 def test_fp8_plan_marks_a_gpu_without_fp8_unsupported_and_keeps_the_others():

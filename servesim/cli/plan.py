@@ -225,7 +225,8 @@ def _slo_options(func):
 
 #: Options of the simulated search that the analytical ``--quick`` estimate has no use for.
 SIMULATION_ONLY = ("source", "num_requests", "columns", "arrival", "seed", "qps", "concurrency", "tolerance",
-                   "gpu_budget", "executor", "address", "jobs", "plot_dir", *(f"{metric}_p{p}" for metric, p in SLO_FLAGS))
+                   "gpu_budget", "executor", "address", "jobs", "plot_dir", "stream_interval",
+                   *(f"{metric}_p{p}" for metric, p in SLO_FLAGS))
 
 
 def _given_on_command_line(names: tuple[str, ...]) -> list[str]:

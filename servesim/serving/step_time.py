@@ -144,7 +144,7 @@ class StepTimeModel:
 
     def _layer_identity(self) -> tuple:
         """What one layer's kernels and their times depend on: the deployment's (``Deployment.layer_identity``) and,
-        of the host's terms, the eager launch cost."""
+        of the host's terms, the eager launch costs (without graphs, and between piecewise pieces)."""
         return self.deployment.layer_identity(), self.launch_us, self.piecewise_launch_us
 
     def _step_part(self, part: str, batch: BatchSpec) -> tuple[Op, ...]:

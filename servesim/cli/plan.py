@@ -281,9 +281,9 @@ def _given_on_command_line(names: tuple[str, ...]) -> list[str]:
 @output_format_options
 def plan_command(model_ref, gpu_list, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs, max_num_batched_tokens,
                  memory_fraction, kv_cache_dtype, mxfp4_moe_backend, moe_backend, scheduler_recv_interval,
-                 max_cudagraph_capture_size, stream_interval, prefix_caching, async_scheduling, source, num_requests, columns, arrival,
-                 seed, qps, concurrency, tolerance, gpu_budget, prices_file, price_overrides, executor, address, jobs,
-                 plot_dir, quick, input_len, output_len, output_format, **slo_limits) -> None:
+                 max_cudagraph_capture_size, stream_interval, prefix_caching, async_scheduling, source, num_requests,
+                 columns, arrival, seed, qps, concurrency, tolerance, gpu_budget, prices_file, price_overrides, executor,
+                 address, jobs, plot_dir, quick, input_len, output_len, output_format, **slo_limits) -> None:
     """Find, per GPU and TP/PP layout, the highest load that meets the latency SLOs; then the replicas for the
     target load, GPUs, $/h and $ per 1M output tokens, ranked by cost, with a recommendation.
 

@@ -252,8 +252,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
 def latency_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimator, max_num_seqs,
                     max_num_batched_tokens, gpu_memory_utilization, kv_cache_dtype, mxfp4_moe_backend, moe_backend,
                     scheduler_recv_interval, max_cudagraph_capture_size, prefix_caching, async_scheduling, batch_size,
-                    input_len,
-                    output_len, output_format) -> None:
+                    input_len, output_len, output_format) -> None:
     """Latency of one batch of equal requests sent at once, like 'vllm bench latency'.
 
     \b

@@ -205,7 +205,7 @@ class EngineKernels:
                    local_attention: bool = False, capture_tokens: int | None = None) -> GraphPlan:
         """How a step of ``num_tokens`` runs; ``local_attention``: the model has chunked-local-attention layers;
         ``capture_tokens``: the deployment's largest captured step where the engine lets it be set (vLLM's
-        ``EngineSettings.cudagraph_capture_tokens``; None: the engine's default)."""
+        ``Deployment.cudagraph_capture_tokens``; None: the engine's default)."""
         raise NotImplementedError
 
     def all_reduce_impl(self, nbytes: int, gpu: GpuTraits) -> str:

@@ -257,7 +257,7 @@ class Vllm(Engine):
             if model.model_type == "gpt_oss":
                 limit = GPT_OSS_CAPTURE_TOKENS_0_11 if release.version == "0.11.0" else GPT_OSS_CAPTURE_TOKENS
             else:
-                limit = min(2 * settings.max_num_seqs, 512)
+                limit = min(2 * settings.max_num_seqs, self.kernels.max_capture_tokens)
         return min(limit, settings.max_num_batched_tokens)
 
     def batch_defaults(self, gpu: GpuSpec, par: Parallelism) -> tuple[float, int, int]:

@@ -238,8 +238,9 @@ def _outcome(case: ServingCase, result: SimulationResult | Skipped) -> dict[str,
 
 
 def _timing_group(case: ServingCase) -> tuple:
-    """What decides which step-time model a case uses (:meth:`StepModels.get`), read without building it: cases
-    of one group share their kernel and step-time memos, so a process replays a whole group."""
+    """What decides which step-time model a case uses (:meth:`StepModels.get`), read without building it, but for
+    vLLM's CUDA-graph limit, which also follows the case's max_num_seqs and token budget: a process replays a whole
+    group, whose cases share their kernel and step-time memos wherever that limit agrees."""
     return (case.engine, case_release(case), case.preset, case.gpu, case.tp, case.pp, case.ep, case.dp, case.dtype,
             case.kv_cache_dtype, case.mxfp4_moe_backend, case.moe_backend)
 

@@ -8,7 +8,7 @@ import sys
 from servesim.precompile import ENTRY_POINTS, balanced_shares
 
 #: Compiles the cold loops, then runs commands that reach every loop (dense and MoE kernels, vLLM and SGLang,
-#: the serving fast path) and prints the servesim loops numba still had to compile, and the loops left cold.
+#: the serving fast path and the compiled vLLM loop) and prints the servesim loops numba still had to compile, and the loops left cold.
 _SCRIPT = """
 import json
 from numba.core import event
@@ -33,6 +33,7 @@ for command in (
     "latency --model llama3-8b --gpu H100 --batch-size 8 --input-len 32 --output-len 16",
     "latency --model qwen3-30b-a3b --gpu A100 --engine sglang --batch-size 4 --input-len 300 --output-len 8",
     "simulate --model qwen3-8b --gpu H100 --workload chat-shared-prefix --qps 8 -n 200",
+    "simulate --model qwen3-8b --gpu H100 --workload splitwise-conv --qps 8 -n 200",
 ):
     result = CliRunner().invoke(main, command.split())
     assert result.exit_code == 0, result.output

@@ -22,6 +22,7 @@ import numpy as np
 
 from servesim.errors import ServesimError
 from servesim.models.config import check_context
+from servesim.serving import vllm_core
 from servesim.serving.deployment import Deployment
 from servesim.serving.fast_forward import RelaunchBatch, fast_forward
 from servesim.serving.metrics import TOKEN_TIMES_MAX_TOKENS, SimulationResult, StepRecord
@@ -193,8 +194,12 @@ def simulate(
     if token_times is None:
         token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
     requests = RequestLog(workload.output_tokens, token_times, cfg.stream_interval)
-    steps = _run(fleet, workload, requests, make_router(router, seed), fast_forward_decodes,
-                 ViolationCounter(stop_rules) if stop_rules else None, progress)
+    prefix_identity = workload.prefixes is not None and fleet[0].scheduler.cache is not None
+    if fast_forward_decodes and vllm_core.eligible(fleet, workload, prefix_identity):
+        steps = vllm_core.run(fleet[0], workload, requests, tuple(stop_rules), progress)
+    else:
+        steps = _run(fleet, workload, requests, make_router(router, seed), fast_forward_decodes,
+                     ViolationCounter(stop_rules) if stop_rules else None, progress)
     info = {
         "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": cfg.engine,
         "engine_version": cfg.version, "max_num_batched_tokens": cfg.max_num_batched_tokens,

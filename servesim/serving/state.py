@@ -211,6 +211,10 @@ class GapCounter:
         np.subtract(times_s[1:], times_s[:-1], out=self._pending[self._used:self._used + gaps])
         self._used += gaps
 
+    def add_counts(self, values_s: np.ndarray, counts: np.ndarray) -> None:
+        """Gaps already counted: ``counts[i]`` of ``values_s[i]`` (ascending, distinct)."""
+        self._values_s, self._counts = merge_counts(self._values_s, self._counts, values_s, counts)
+
     def _fold(self, gaps_s: np.ndarray) -> None:
         values, counts = np.unique(gaps_s, return_counts=True)
         self._values_s, self._counts = merge_counts(self._values_s, self._counts, values, counts)

@@ -1,0 +1,582 @@
+"""The simulator's event loop for one vLLM replica without pipeline parallelism, compiled, with the same results.
+
+A capacity search and most ``simulate`` runs serve one vLLM replica with one pipeline stage and no prompt identity
+(every probe of ``plan``). There the Python event loop (servesim/serving/simulator.py) and the scheduler
+(servesim/serving/scheduler_vllm.py) spend a few attribute reads and writes per running request per step, which a
+busy engine multiplies into most of a run. :func:`run` serves such a replica with request state as arrays indexed
+by request id (struct of arrays: computed, generated and held KV blocks; the send, arrival, first-scheduled,
+first-token and last-token times), the waiting queue a ring of ids, the running queue an array of ids in order and
+the arrivals a binary heap ordered as the Python loop's (time, then the order the events were made), all in one
+compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and ``finish_step`` operation for
+operation. It hands back to Python only
+
+- for the time of a step with prompt chunks (``step_time_us``: memoised predictions of representative batches),
+- for the step times of a decode batch whose (size, grid context, spread) it has not met (``decode_span_at``; it
+  keeps the spans it got in an open-addressing table),
+- to pass on a full buffer of step-log rows, to grow its tables, to report progress, and when a stop rule
+  fires.
+
+Without every token's time kept, it counts the gaps between the chunks a client receives by value in another
+open-addressing table (a gap is the difference of two step ends, so distinct values are few), which
+``GapCounter`` then holds as it would have counted them.
+
+Decode steps are timed in the loop from their span, as ``DecodeSpan.at`` does. Everything else a deployment can
+be (SGLang, several replicas, pipeline stages, attention data parallelism, prompt identity with the prefix cache)
+runs the Python loop. tests/test_vllm_core.py checks that both give the same requests, tokens and steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from servesim.compiled import jit
+from servesim.kernels.batch import PrefillChunk
+from servesim.serving.scheduler_vllm import VllmScheduler
+from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, Step, StepLog
+from servesim.serving.step_cache import DECODE_BITS, EXACT_BELOW, SPREAD_BITS, decode_span_at, step_time_us
+from servesim.serving.stop import STOP_METRICS, StopRule, StoppedEarly
+from servesim.workloads.request import Workload
+
+# Why _core_loop handed back.
+_DONE, _NEED_TIME, _NEED_SPAN, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED, _SPANS_FULL = range(8)
+
+# Integer state (``st``), by index.
+(_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _S_LEN, _S_CHUNKS,
+ _S_DECODES, _S_CONTEXTS, _S_LONGEST, _PENDING, _ANSWERED, _READY, _LAUNCH, _REPORT_AT, _RULE, _SPANS,
+ _KEY_N, _KEY_SPAN) = range(24)
+# Float state (``sf``), by index.
+(_NOW, _FLIGHT_END, _CPU_FREE, _STAGE_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START,
+ _ANSWER_OVERHEAD, _ANSWER_STAGE, _ANSWER_OVERHEAD_DELTA, _ANSWER_STAGE_DELTA) = range(12)
+# Configuration (``cfg_i``, ``cfg_f``), by index.
+(_C_N, _C_SENDS, _C_CLOSED, _C_BUDGET, _C_MAX_SEQS, _C_BLOCK, _C_CAPACITY, _C_CHUNKED, _C_ASYNC, _C_FRONT_END,
+ _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS) = range(14)
+_F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US = range(3)
+# Request columns: integers (``req_i``) and times (``req_s``).
+_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS = range(4)
+_ISSUE, _REACHED, _FIRST_SCHEDULED, _FIRST_TOKEN, _LAST_TOKEN, _LAST_STREAMED = range(6)
+
+#: Step-log rows buffered before they are handed back.
+_ROW_BUFFER = 4096
+#: Slots the tables of decode spans and of gap values start with (each doubles when half full).
+_SPAN_SLOTS = 1 << 12
+_GAP_SLOTS = 1 << 14
+
+
+def eligible(fleet, workload: Workload, prefix_identity: bool) -> bool:
+    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism) of one pipeline
+    stage, and no prompt identity to look up in the prefix cache."""
+    return (len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and fleet[0].pp == 1
+            and not prefix_identity and len(workload) > 0)
+
+
+def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule, ...], progress) -> StepLog:
+    """Serve ``workload`` on ``replica`` (a fresh ``_Replica`` that :func:`eligible` accepts) as the simulator's
+    ``_run`` does: records every request in ``requests`` and returns the step log; raises :class:`StoppedEarly`
+    when one of ``rules`` breaks."""
+    scheduler, step_model = replica.scheduler, replica.step_model
+    overhead = step_model.overhead
+    n = len(workload)
+    closed = workload.arrival_mode == "closed"
+    sends = min(workload.concurrency, n) if closed else n
+    cfg_i = np.array([n, sends, closed, scheduler.token_budget, scheduler.max_num_seqs, scheduler.block_size,
+                      scheduler.capacity, scheduler.chunked_prefill, replica.async_scheduling,
+                      overhead.has_front_end, requests.gaps is None, requests.stream_interval,
+                      max(1, n // 100), progress is not None], dtype=np.int64)
+    cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us])
+    prompt = workload.prompt_tokens.astype(np.int64)
+    output = workload.output_tokens.astype(np.int64)
+    arrival_s = workload.arrival_s.astype(np.float64)
+    req_i = np.zeros((n, 4), dtype=np.int64)
+    req_s = np.full((n, 6), -1.0)
+    queues = np.zeros((4, n), dtype=np.int64)  # waiting ring, running, the step's requests and their new tokens
+    chunks = np.zeros((n, 2), dtype=np.int64)  # the step's prompt chunks: new and cached tokens
+    heap_s = np.zeros(n + 1)
+    heap_i = np.zeros((n + 1, 3), dtype=np.int64)  # tie-breaker, request, where (-1: the client's send)
+    span_keys = np.zeros((_SPAN_SLOTS, 4), dtype=np.int64)  # size (0: empty), grid context, spread, span length
+    span_times = np.zeros((_SPAN_SLOTS, 4))  # host overhead and GPU time at the low context, and their deltas
+    rule_i = np.array([(STOP_METRICS.index(rule.metric), rule.count, 0) for rule in rules],
+                      dtype=np.int64).reshape(len(rules), 3)
+    rule_ms = np.array([rule.limit_ms for rule in rules])
+    rows = np.empty((_ROW_BUFFER, len(STEP_LOG_COLUMNS)))
+    gap_values = np.zeros(0 if requests.gaps is None else _GAP_SLOTS)
+    gap_counts = np.zeros(len(gap_values), dtype=np.int64)  # 0: an empty slot
+    token_times = requests.token_times_s if requests.gaps is None else np.empty(0)
+    st = np.zeros(24, dtype=np.int64)
+    st[_FREE], st[_SEQ], st[_ISSUED], st[_REPORT_AT] = scheduler.free, sends, sends, min(cfg_i[_C_REPORT_EVERY], n)
+    st[_RULE] = -1
+    sf = np.zeros(12)
+    sf[_FLIGHT_END] = sf[_ADMIT_BEFORE] = math.inf
+    st[_H_SIZE] = 1  # the first send
+    heap_s[0], heap_i[0] = arrival_s[0], (0, 0, -1)
+    log = StepLog()
+    while True:
+        status = _core_loop(cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s, queues,
+                            chunks, heap_s, heap_i, span_keys, span_times, rule_i, rule_ms, rows, gap_values, gap_counts,
+                            token_times, st, sf)
+        if status == _NEED_TIME:
+            step = Step((), (), int(st[_S_DECODES]), int(st[_S_CONTEXTS]), int(st[_S_LONGEST]),
+                        tuple(PrefillChunk(new, cached) for new, cached in chunks[:st[_S_CHUNKS]].tolist()))
+            overhead_us, (stage_us,) = step_time_us(step_model, step)
+            sf[_ANSWER_OVERHEAD], sf[_ANSWER_STAGE] = overhead_us, stage_us
+            st[_ANSWERED] = 1
+        elif status == _NEED_SPAN:
+            size, context = int(st[_KEY_N]), int(st[_S_CONTEXTS]) // int(st[_KEY_N])
+            span = decode_span_at(step_model, size, context, int(st[_S_LONGEST]))
+            sf[_ANSWER_OVERHEAD], sf[_ANSWER_STAGE] = span.overhead_us, span.stage_us[0]
+            sf[_ANSWER_OVERHEAD_DELTA], sf[_ANSWER_STAGE_DELTA] = span.overhead_delta_us, span.stage_delta_us[0]
+            st[_KEY_SPAN] = span.span  # the loop files it under the key it computed
+            st[_ANSWERED] = 1
+        elif status == _SPANS_FULL:
+            span_keys, span_times = _grown(span_keys, span_times)
+        elif status == _ROWS_FULL:
+            log.extend(rows)
+            st[_ROWS] = 0
+        elif status == _GAPS_FULL:
+            gap_values, gap_counts = _grown_gaps(gap_values, gap_counts)
+        elif status == _PROGRESS:
+            progress(int(st[_FINISHED]))
+        else:
+            break
+    log.extend(rows[:st[_ROWS]])
+    if status == _STOPPED:
+        rule = rules[int(st[_RULE])]
+        stop = StoppedEarly(rule, float(sf[_NOW]))
+        stop.peak_kv_occupancy = float(log.column("kv_used_tokens").max(initial=0)) / scheduler.kv_capacity_tokens
+        stop.preemptions = int(req_i[:, _PREEMPTIONS].sum())
+        raise stop
+    if requests.gaps is not None:
+        used = gap_counts > 0
+        order = np.argsort(gap_values[used])
+        requests.gaps.add_counts(gap_values[used][order], gap_counts[used][order])
+    requests.issue_s[:] = req_s[:, _ISSUE]
+    requests.first_scheduled_s[:] = req_s[:, _FIRST_SCHEDULED]
+    requests.first_token_s[:] = req_s[:, _FIRST_TOKEN]
+    requests.finish_s[:] = req_s[:, _LAST_TOKEN]
+    requests.preemptions[:] = req_i[:, _PREEMPTIONS]
+    requests.finished = n
+    return log
+
+
+def _grown(keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The span table with twice the slots, every span filed again."""
+    new_keys = np.zeros((2 * len(keys), 4), dtype=np.int64)
+    new_times = np.zeros((2 * len(keys), 4))
+    _refile(keys, times, new_keys, new_times)
+    return new_keys, new_times
+
+
+def _grown_gaps(values_s: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The gap table with twice the slots, every value filed again."""
+    new_values_s = np.zeros(2 * len(values_s))
+    new_counts = np.zeros(2 * len(values_s), dtype=np.int64)
+    _refile_gaps(values_s, counts, new_values_s, new_counts)
+    return new_values_s, new_counts
+
+
+@jit
+def _gap_slot(values_s: np.ndarray, counts: np.ndarray, gap_s: float) -> int:
+    """The slot of ``gap_s`` in the gap table: where it is counted, or the empty one where it would go."""
+    mask = len(values_s) - 1
+    slot = (int(gap_s * 1e9) * 40503) & mask
+    while counts[slot] != 0 and values_s[slot] != gap_s:
+        slot = (slot + 1) & mask
+    return slot
+
+
+@jit
+def _refile_gaps(values_s: np.ndarray, counts: np.ndarray, new_values_s: np.ndarray, new_counts: np.ndarray) -> None:
+    for old in range(len(values_s)):
+        if counts[old]:
+            slot = _gap_slot(new_values_s, new_counts, values_s[old])
+            new_values_s[slot], new_counts[slot] = values_s[old], counts[old]
+
+
+@jit
+def _slot(keys: np.ndarray, size: int, low: int, spread: int) -> int:
+    """The slot of key (size, low, spread) in the span table: where it is, or the empty one where it would go
+    (linear probing from a hash of the key)."""
+    mask = len(keys) - 1
+    slot = (size * 1000003 ^ low * 10007 ^ spread * 101) & mask
+    while keys[slot, 0] != 0 and not (keys[slot, 0] == size and keys[slot, 1] == low and keys[slot, 2] == spread):
+        slot = (slot + 1) & mask
+    return slot
+
+
+@jit
+def _refile(keys: np.ndarray, times: np.ndarray, new_keys: np.ndarray, new_times: np.ndarray) -> None:
+    for old in range(len(keys)):
+        if keys[old, 0] != 0:
+            slot = _slot(new_keys, keys[old, 0], keys[old, 1], keys[old, 2])
+            for column in range(4):
+                new_keys[slot, column] = keys[old, column]
+                new_times[slot, column] = times[old, column]
+
+
+@jit
+def _bit_length(value: int) -> int:
+    bits = 0
+    while value:
+        value >>= 1
+        bits += 1
+    return bits
+
+
+@jit
+def _grid_step(tokens: int, bits: int) -> int:
+    """servesim/serving/step_cache.py's ``_grid_step``."""
+    shift = _bit_length(tokens) - bits
+    return 1 << (shift if shift > 0 else 0)
+
+
+@jit
+def _heap_less(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> bool:
+    return heap_s[a] < heap_s[b] or (heap_s[a] == heap_s[b] and heap_i[a, 0] < heap_i[b, 0])
+
+
+@jit
+def _heap_swap(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> None:
+    heap_s[a], heap_s[b] = heap_s[b], heap_s[a]
+    for column in range(3):
+        heap_i[a, column], heap_i[b, column] = heap_i[b, column], heap_i[a, column]
+
+
+@jit
+def _heap_push(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray, time_s: float, tie: int, rid: int,
+               where: int) -> None:
+    at = st[_H_SIZE]
+    st[_H_SIZE] += 1
+    heap_s[at], heap_i[at, 0], heap_i[at, 1], heap_i[at, 2] = time_s, tie, rid, where
+    while at > 0:
+        parent = (at - 1) // 2
+        if not _heap_less(heap_s, heap_i, at, parent):
+            break
+        _heap_swap(heap_s, heap_i, at, parent)
+        at = parent
+
+
+@jit
+def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
+    """Drop the first event (read it from slot 0 before)."""
+    last = st[_H_SIZE] - 1
+    st[_H_SIZE] = last
+    _heap_swap(heap_s, heap_i, 0, last)
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= last:
+            break
+        if child + 1 < last and _heap_less(heap_s, heap_i, child + 1, child):
+            child += 1
+        if not _heap_less(heap_s, heap_i, child, at):
+            break
+        _heap_swap(heap_s, heap_i, at, child)
+        at = child
+
+
+@jit
+def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
+              chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
+    """``VllmScheduler.schedule`` with nothing in flight: the step's requests, new tokens and prompt chunks go to
+    ``queues[2:]`` and ``chunks``, its summary to ``st``. Returns whether it scheduled anything."""
+    waiting, running, step_rids, step_new = queues[0], queues[1], queues[2], queues[3]
+    n, block = cfg_i[_C_N], cfg_i[_C_BLOCK]
+    budget = cfg_i[_C_BUDGET]
+    length = num_chunks = num_decodes = contexts = longest = 0
+    preempted = False
+    i = 0
+    while i < st[_R_COUNT] and budget > 0:
+        rid = running[i]
+        i += 1
+        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+        left = prompt[rid] + generated - computed
+        new = left if left < budget else budget
+        need = -(-(computed + new) // block) - req_i[rid, _KV_HELD]
+        if need > 0:
+            got = True
+            while need > st[_FREE]:  # preempt the newest running request from this one on
+                preempted = True
+                last = st[_R_COUNT] - 1
+                if last < i - 1:
+                    got = False
+                    break
+                victim = running[last]
+                st[_R_COUNT] = last
+                st[_FREE] += req_i[victim, _KV_HELD]
+                req_i[victim, _KV_HELD] = 0
+                req_i[victim, _COMPUTED] = 0
+                req_i[victim, _PREEMPTIONS] += 1
+                st[_W_HEAD] = (st[_W_HEAD] - 1) % n
+                waiting[st[_W_HEAD]] = victim
+                st[_W_COUNT] += 1
+                if victim == rid:
+                    got = False
+                    break
+            if not got:
+                break
+            st[_FREE] -= need
+            req_i[rid, _KV_HELD] += need
+        step_rids[length], step_new[length] = rid, new
+        length += 1
+        budget -= new
+        if left == 1 and generated:
+            num_decodes += 1
+            contexts += computed
+            if computed > longest:
+                longest = computed
+        else:
+            chunks[num_chunks, 0], chunks[num_chunks, 1] = new, computed
+            num_chunks += 1
+    if not preempted:
+        while st[_W_COUNT] and st[_R_COUNT] < cfg_i[_C_MAX_SEQS]:
+            rid = waiting[st[_W_HEAD]]
+            if req_s[rid, _REACHED] > sf[_ADMIT_BEFORE]:
+                break
+            computed = req_i[rid, _COMPUTED]
+            new = prompt[rid] + req_i[rid, _GENERATED] - computed
+            if budget <= 0 or (new > budget and not cfg_i[_C_CHUNKED]):
+                break
+            if new > budget:
+                new = budget
+            need = -(-(computed + new) // block) - req_i[rid, _KV_HELD]
+            if need > st[_FREE]:
+                break
+            st[_FREE] -= need
+            req_i[rid, _KV_HELD] += need
+            st[_W_HEAD] = (st[_W_HEAD] + 1) % n
+            st[_W_COUNT] -= 1
+            running[st[_R_COUNT]] = rid
+            st[_R_COUNT] += 1
+            step_rids[length], step_new[length] = rid, new
+            length += 1
+            budget -= new
+            if req_s[rid, _FIRST_SCHEDULED] < 0:
+                req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
+            if new == 1 and req_i[rid, _GENERATED] and computed == prompt[rid] + req_i[rid, _GENERATED] - 1:
+                num_decodes += 1
+                contexts += computed
+                if computed > longest:
+                    longest = computed
+            else:
+                chunks[num_chunks, 0], chunks[num_chunks, 1] = new, computed
+                num_chunks += 1
+    st[_S_LEN], st[_S_CHUNKS], st[_S_DECODES], st[_S_CONTEXTS], st[_S_LONGEST] = (length, num_chunks, num_decodes,
+                                                                                  contexts, longest)
+    return length > 0
+
+
+@jit
+def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
+               chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
+    """``_Replica._schedule``: under async scheduling the host begins the step while the one before runs, and admits
+    only requests that reached the engine by then, unless nothing else would run."""
+    now_s = sf[_NOW]
+    if not cfg_i[_C_ASYNC]:
+        return _schedule(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf)
+    earliest_s = sf[_GPU_START] if sf[_STAGE_FREE] >= now_s else now_s
+    host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
+    sf[_ADMIT_BEFORE] = host_start_s
+    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf)
+    if not formed and host_start_s < now_s and st[_W_COUNT]:
+        sf[_HOST_START] = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
+        sf[_ADMIT_BEFORE] = np.inf
+        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf)
+    return formed
+
+
+@jit
+def _emit(cfg_i: np.ndarray, output: np.ndarray, token_offsets: np.ndarray, req_s: np.ndarray, gap_values: np.ndarray,
+          gap_counts: np.ndarray, token_times: np.ndarray, st: np.ndarray, rid: int, index: int, now_s: float) -> None:
+    """Token ``index`` of request ``rid`` is sampled at ``now_s``: kept, or the gap since the chunk the client
+    last received counted when it ends a chunk (``streamed_positions``)."""
+    if cfg_i[_C_KEEP_TIMES]:
+        token_times[token_offsets[rid] + index] = now_s
+    elif index % cfg_i[_C_INTERVAL] == 0 or index == output[rid] - 1:
+        if index:
+            gap_s = now_s - req_s[rid, _LAST_STREAMED]
+            slot = _gap_slot(gap_values, gap_counts, gap_s)
+            if gap_counts[slot] == 0:
+                gap_values[slot] = gap_s
+                st[_GAPS] += 1
+            gap_counts[slot] += 1
+        req_s[rid, _LAST_STREAMED] = now_s
+    req_s[rid, _LAST_TOKEN] = now_s
+
+
+@jit
+def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, value_s: float) -> bool:
+    """``ViolationCounter._over``: whether the rule reached its count."""
+    if value_s * 1e3 > rule_ms[rule]:
+        rule_i[rule, 2] += 1
+        if rule_i[rule, 2] >= rule_i[rule, 1]:
+            st[_RULE] = rule
+            return True
+    return False
+
+
+@jit
+def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, arrival_s: np.ndarray,
+               token_offsets: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
+               chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray, span_keys: np.ndarray,
+               span_times: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray, rows: np.ndarray,
+               gap_values: np.ndarray, gap_counts: np.ndarray, token_times: np.ndarray, st: np.ndarray,
+               sf: np.ndarray) -> int:
+    """Run events until the run ends or Python must act (the module docstring says when); returns why. Every
+    array is state that a later call goes on from."""
+    n, sends, closed = cfg_i[_C_N], cfg_i[_C_SENDS], cfg_i[_C_CLOSED]
+    waiting, running, step_rids, step_new = queues[0], queues[1], queues[2], queues[3]
+    while True:
+        if st[_PENDING]:  # a step formed at sf[_NOW] waits for its time
+            if st[_ROWS] == len(rows):
+                return _ROWS_FULL
+            num_decodes = st[_S_DECODES]
+            if st[_S_CHUNKS] == 0:  # decodes only: step_cache.decode_step_time_us
+                context = st[_S_CONTEXTS] // num_decodes
+                grid = 1 if context < EXACT_BELOW else _grid_step(context, DECODE_BITS)
+                low = context // grid * grid
+                distance = st[_S_LONGEST] - context
+                grid = _grid_step(distance, SPREAD_BITS)
+                spread = (distance + grid // 2) // grid * grid
+                slot = _slot(span_keys, num_decodes, low, spread)
+                if span_keys[slot, 0] == 0:
+                    if not st[_ANSWERED]:
+                        st[_KEY_N] = num_decodes
+                        return _NEED_SPAN
+                    if 2 * (st[_SPANS] + 1) > len(span_keys):
+                        return _SPANS_FULL
+                    span_keys[slot, 0], span_keys[slot, 1], span_keys[slot, 2] = num_decodes, low, spread
+                    span_keys[slot, 3] = st[_KEY_SPAN]
+                    for column in range(4):
+                        span_times[slot, column] = sf[_ANSWER_OVERHEAD + column]
+                    st[_SPANS] += 1
+                    st[_ANSWERED] = 0
+                overhead_us, stage_us = span_times[slot, 0], span_times[slot, 1]
+                if context != low:
+                    weight = (context - low) / span_keys[slot, 3]
+                    overhead_us = overhead_us + weight * span_times[slot, 2]
+                    stage_us = stage_us + weight * span_times[slot, 3]
+            else:
+                if not st[_ANSWERED]:
+                    return _NEED_TIME
+                overhead_us, stage_us = sf[_ANSWER_OVERHEAD], sf[_ANSWER_STAGE]
+                st[_ANSWERED] = 0
+            now_s = sf[_NOW]
+            if cfg_i[_C_ASYNC]:  # _Replica.occupy_async
+                ready_s = sf[_CPU_FREE] = sf[_HOST_START] + overhead_us * 1e-6
+                start_s = now_s if now_s > ready_s else ready_s
+                if sf[_STAGE_FREE] > start_s:
+                    start_s = sf[_STAGE_FREE]
+                sf[_GPU_START] = start_s
+                end_s = sf[_STAGE_FREE] = start_s + stage_us * 1e-6
+            else:  # _Replica.occupy
+                start_s = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
+                t_s = sf[_CPU_FREE] = start_s + overhead_us * 1e-6
+                end_s = sf[_STAGE_FREE] = (t_s if t_s > sf[_STAGE_FREE] else sf[_STAGE_FREE]) + stage_us * 1e-6
+            prefill_tokens = 0
+            for chunk in range(st[_S_CHUNKS]):
+                prefill_tokens += chunks[chunk, 0]
+            row = rows[st[_ROWS]]
+            row[0], row[1], row[2], row[3] = 0, start_s, end_s, st[_S_LEN]
+            row[4], row[5], row[6] = prefill_tokens + num_decodes, prefill_tokens, num_decodes
+            row[7] = (cfg_i[_C_CAPACITY] - st[_FREE]) * cfg_i[_C_BLOCK]
+            st[_ROWS] += 1
+            sf[_FLIGHT_END] = end_s
+            st[_PENDING] = 0
+            continue
+        if st[_LAUNCH]:  # every event of the instant is in
+            st[_LAUNCH] = 0
+            if sf[_FLIGHT_END] == np.inf and _form_step(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf):
+                st[_PENDING] = 1
+            continue
+        report = False
+        in_flight = sf[_FLIGHT_END] < np.inf
+        if st[_H_SIZE] == 0 and not in_flight:
+            return _DONE
+        if st[_H_SIZE] and (not in_flight or heap_s[0] <= sf[_FLIGHT_END]):  # an arrival
+            now_s = sf[_NOW] = heap_s[0]
+            tie, rid, where = heap_i[0, 0], heap_i[0, 1], heap_i[0, 2]
+            _heap_pop(heap_s, heap_i, st)
+            reaches = True
+            if where < 0:  # the client's send
+                if tie + 1 < sends:
+                    _heap_push(heap_s, heap_i, st, arrival_s[tie + 1], tie + 1, tie + 1, -1)
+                req_s[rid, _ISSUE] = req_s[rid, _REACHED] = now_s
+                if cfg_i[_C_FRONT_END]:  # _Replica.front_end: it reaches the engine later
+                    start_s = now_s if now_s > sf[_FRONT_FREE] else sf[_FRONT_FREE]
+                    sf[_FRONT_FREE] = start_s + (cfg_f[_F_REQUEST_US] + cfg_f[_F_PER_PROMPT_TOKEN_US] * prompt[rid]) * 1e-6
+                    _heap_push(heap_s, heap_i, st, sf[_FRONT_FREE] + cfg_f[_F_LATENCY_US] * 1e-6, st[_SEQ], rid, 0)
+                    st[_SEQ] += 1
+                    reaches = False
+            else:
+                req_s[rid, _REACHED] = now_s
+            if reaches:
+                waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = rid
+                st[_W_COUNT] += 1
+                st[_READY] = 1
+        else:  # the step in flight completes: finish_step
+            if not cfg_i[_C_KEEP_TIMES] and 2 * (st[_GAPS] + st[_S_LEN]) > len(gap_values):
+                return _GAPS_FULL  # each of the step's tokens may add a value
+            now_s = sf[_NOW] = sf[_FLIGHT_END]
+            sf[_FLIGHT_END] = np.inf
+            finished = 0  # the step's finished requests go to the front of step_rids' spare room, queues[3]
+            for k in range(st[_S_LEN]):
+                rid = step_rids[k]
+                computed = req_i[rid, _COMPUTED] = req_i[rid, _COMPUTED] + step_new[k]
+                generated = req_i[rid, _GENERATED]
+                if computed == prompt[rid] + generated:
+                    if not generated:
+                        req_s[rid, _FIRST_TOKEN] = now_s
+                    _emit(cfg_i, output, token_offsets, req_s, gap_values, gap_counts, token_times, st, rid,
+                          generated, now_s)
+                    generated = req_i[rid, _GENERATED] = generated + 1
+                    if generated == output[rid]:
+                        step_new[finished] = rid  # step_new[k] is read before: finished <= k
+                        finished += 1
+            for rule in range(len(rule_i)):  # ViolationCounter.step_done
+                metric = rule_i[rule, 0]
+                if metric == 0 and st[_S_CHUNKS]:
+                    for k in range(st[_S_LEN]):
+                        rid = step_rids[k]
+                        if (req_i[rid, _GENERATED] == 1 and req_s[rid, _FIRST_TOKEN] == now_s
+                                and _over(rule_i, rule_ms, st, rule, now_s - req_s[rid, _ISSUE])):
+                            return _STOPPED
+                for k in range(finished):
+                    rid = step_new[k]
+                    if metric == 2 and _over(rule_i, rule_ms, st, rule, now_s - req_s[rid, _ISSUE]):
+                        return _STOPPED
+                    if (metric == 1 and output[rid] > 1 and _over(rule_i, rule_ms, st, rule,
+                                                                  (now_s - req_s[rid, _FIRST_TOKEN]) / (output[rid] - 1))):
+                        return _STOPPED
+            for k in range(finished):  # scheduler.release, in step order
+                rid = step_new[k]
+                count = st[_R_COUNT]
+                at = 0
+                while running[at] != rid:
+                    at += 1
+                for j in range(at, count - 1):
+                    running[j] = running[j + 1]
+                st[_R_COUNT] = count - 1
+                st[_FREE] += req_i[rid, _KV_HELD]
+                req_i[rid, _KV_HELD] = 0
+                st[_FINISHED] += 1
+                if closed and st[_ISSUED] < n:
+                    issued = st[_ISSUED]
+                    _heap_push(heap_s, heap_i, st, max(now_s, arrival_s[issued]), st[_SEQ], issued, -1)
+                    st[_SEQ] += 1
+                    st[_ISSUED] = issued + 1
+            st[_S_LEN] = 0
+            st[_READY] = 1
+            report = cfg_i[_C_PROGRESS] and st[_FINISHED] >= st[_REPORT_AT]
+            if report:
+                report_at = st[_FINISHED] + cfg_i[_C_REPORT_EVERY]
+                st[_REPORT_AT] = report_at if report_at < n else n
+        next_s = heap_s[0] if st[_H_SIZE] else np.inf
+        if sf[_FLIGHT_END] < next_s:
+            next_s = sf[_FLIGHT_END]
+        if next_s > sf[_NOW]:
+            if st[_READY]:
+                st[_LAUNCH] = 1
+            st[_READY] = 0
+        if report:
+            return _PROGRESS

@@ -1,0 +1,134 @@
+"""The compiled event loop of one vLLM replica (servesim/serving/vllm_core.py) gives what the Python loop gives,
+stepping every step through the scheduler: the same requests, tokens, steps, stops and progress reports."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servesim.hardware import get_gpu
+from servesim.models import get_model
+from servesim.models.parallel import Parallelism
+from servesim.serving import vllm_core
+from servesim.serving.deployment import build_deployment
+from servesim.serving.simulator import simulate
+from servesim.serving.step_time import StepTimeModel
+from servesim.serving.stop import StopRule, StoppedEarly
+from servesim.workloads import Workload, build_workload
+
+MODEL, GPU = get_model("llama3-8b"), get_gpu("H100")
+#: Leaves a few thousand KV tokens beside llama3-8b's weights: requests are preempted.
+SMALL_MEMORY = 0.235
+RESULT_FIELDS = ("issue_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "cached_tokens",
+                 "replica", "token_offsets", "token_times_s")
+STEP_FIELDS = ("replica", "start_s", "end_s", "num_requests", "num_tokens", "prefill_tokens", "num_decodes",
+               "kv_used_tokens")
+
+
+@pytest.fixture(scope="module")
+def step_models():
+    return {}
+
+
+def step_model(cache, engine: str, small: bool, front_end: bool, **overrides):
+    """A deployment and its step-time model (one per configuration, shared across examples); ``front_end`` adds
+    API-server costs per request and per prompt token to the release's request latency."""
+    memory = {"memory_fraction": SMALL_MEMORY, "max_num_batched_tokens": 1024} if small else {}
+    dep = build_deployment(MODEL, GPU, Parallelism(1, 1), engine, estimator="roofline", **memory, **overrides)
+    key = (engine, small, front_end, tuple(sorted(overrides.items())))
+    if key not in cache:
+        overhead = dep.release.overhead
+        if front_end:
+            overhead = dataclasses.replace(overhead, request_us=1500.0, per_prompt_token_us=0.8)
+        cache[key] = StepTimeModel(dep, overhead=overhead)
+    return dep, cache[key]
+
+
+def both(dep, steps, workload, **kwargs):
+    """(compiled, Python) runs: each a result, or the StoppedEarly it raised."""
+    runs = []
+    for fast in (True, False):
+        try:
+            runs.append(simulate(dep, workload, step_model=steps, fast_forward_decodes=fast, **kwargs))
+        except StoppedEarly as stop:
+            runs.append(stop)
+    return runs
+
+
+def assert_same(compiled, python):
+    if isinstance(python, StoppedEarly):
+        assert isinstance(compiled, StoppedEarly)
+        assert (compiled.rule, compiled.time_s, compiled.peak_kv_occupancy, compiled.preemptions) == (
+            python.rule, python.time_s, python.peak_kv_occupancy, python.preemptions)
+        return
+    for name in RESULT_FIELDS:
+        np.testing.assert_array_equal(getattr(compiled, name), getattr(python, name), err_msg=name)
+    for name in STEP_FIELDS:
+        np.testing.assert_array_equal(getattr(compiled.steps, name), getattr(python.steps, name), err_msg=name)
+    assert (compiled.itl_counts is None) == (python.itl_counts is None)
+    if python.itl_counts is not None:
+        np.testing.assert_array_equal(compiled.itl_counts.values_s, python.itl_counts.values_s)
+        np.testing.assert_array_equal(compiled.itl_counts.counts, python.itl_counts.counts)
+    assert repr(compiled.summary()) == repr(python.summary())  # NaN percentiles compare equal as text
+
+
+workloads = st.integers(1, 30).flatmap(lambda n: st.tuples(
+    st.lists(st.integers(1, 3000), min_size=n, max_size=n),
+    st.lists(st.integers(1, 150), min_size=n, max_size=n),
+    st.lists(st.floats(0, 2), min_size=n, max_size=n),
+    st.one_of(st.none(), st.integers(1, 8)),
+))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=workloads, engine=st.sampled_from(["vllm==0.12.0", "vllm==0.15.1"]), small=st.booleans(),
+       front_end=st.booleans(), token_times=st.booleans(), stream_interval=st.sampled_from([1, 3]))
+def test_compiled_loop_matches_the_python_loop(step_models, spec, engine, small, front_end, token_times,
+                                               stream_interval):
+    prompts, outputs, arrivals, concurrency = spec
+    workload = Workload("test", np.array(prompts), np.array(outputs), np.sort(arrivals),
+                        arrival_mode="closed" if concurrency else "open", concurrency=concurrency)
+    dep, steps = step_model(step_models, engine, small, front_end, stream_interval=stream_interval)
+    compiled, python = both(dep, steps, workload, token_times=token_times)
+    assert_same(compiled, python)
+
+
+@pytest.mark.parametrize("metric, limit_ms", [("ttft", 200.0), ("tpot", 30.0), ("e2e", 5000.0)])
+def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, limit_ms):
+    dep, steps = step_model(step_models, "vllm", False, False)
+    workload = build_workload("splitwise-conv", 400, qps=40, seed=3)
+    rules = (StopRule(f"{metric}_p90", metric, limit_ms, 30),)
+    compiled, python = both(dep, steps, workload, stop_rules=rules)
+    assert isinstance(python, StoppedEarly)
+    assert_same(compiled, python)
+
+
+def test_preemptions_and_progress_reports_match(step_models):
+    dep, steps = step_model(step_models, "vllm", True, False)
+    workload = build_workload("splitwise-conv", 300, qps=30, seed=1)
+    reports = ([], [])
+    runs = [simulate(dep, workload, step_model=steps, fast_forward_decodes=fast, progress=calls.append)
+            for fast, calls in zip((True, False), reports)]
+    assert runs[1].preemptions.sum() > 0
+    assert_same(*runs)
+    assert reports[0] == reports[1] and reports[0][-1] == len(workload)
+
+
+def test_only_one_plain_vllm_replica_takes_the_compiled_loop():
+    """Several replicas, pipeline stages, SGLang and prompt identity keep the Python loop."""
+    workload = build_workload("splitwise-conv", 10, qps=1)
+    shared = build_workload("chat-shared-prefix", 10, qps=1)
+
+    def fleet(engine="vllm", pp=1, replicas=1):
+        dep = build_deployment(MODEL, GPU, Parallelism(1, pp), engine, estimator="roofline")
+        return [type("Replica", (), {"scheduler": dep.make_scheduler(), "pp": pp})() for _ in range(replicas)]
+
+    assert vllm_core.eligible(fleet(), workload, prefix_identity=False)
+    assert not vllm_core.eligible(fleet(), shared, prefix_identity=True)
+    assert not vllm_core.eligible(fleet(replicas=2), workload, prefix_identity=False)
+    assert not vllm_core.eligible(fleet(pp=2), workload, prefix_identity=False)
+    assert not vllm_core.eligible(fleet("sglang"), workload, prefix_identity=False)

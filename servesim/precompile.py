@@ -51,8 +51,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                "serving"),
     EntryPoint("servesim.serving.vllm_core", "_core_loop",
                ("i8[:]", "f8[:]", "i8[:]", "i8[:]", "f8[:]", "i8[:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "i8[:,:]",
-                "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]",
-                "i8[:]", "f8[:]"), 4.0, "core"),
+                "i8[:,:]", "i8[:,:]", "f8[:]", "i8[:,:]", "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "f8[:]",
+                "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 4.0, "core"),
     EntryPoint("servesim.serving.vllm_core", "_refile", ("i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:,:]"), 0.3, "core"),
     EntryPoint("servesim.serving.vllm_core", "_refile_gaps", ("f8[:]", "i8[:]", "f8[:]", "i8[:]"), 0.3, "core"),
 )

@@ -43,19 +43,19 @@ from servesim.workloads.request import Workload
 _DONE, _NEED_TIME, _NEED_SPAN, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED, _SPANS_FULL = range(8)
 
 # Integer state (``st``), by index.
-(_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _S_LEN, _S_CHUNKS,
- _S_DECODES, _S_CONTEXTS, _S_LONGEST, _PENDING, _ANSWERED, _READY, _LAUNCH, _REPORT_AT, _RULE, _SPANS,
- _KEY_N, _KEY_SPAN) = range(24)
-# Float state (``sf``), by index.
-(_NOW, _FLIGHT_END, _CPU_FREE, _STAGE_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START,
- _ANSWER_OVERHEAD, _ANSWER_STAGE, _ANSWER_OVERHEAD_DELTA, _ANSWER_STAGE_DELTA) = range(12)
+(_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _F_HEAD, _F_COUNT, _PENDING,
+ _ANSWERED, _READY, _LAUNCH, _REPORT_AT, _RULE, _SPANS, _KEY_SPAN) = range(20)
+# Float state (``sf``), by index; each pipeline stage's free time follows the last.
+_NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _STAGE_FREE = range(7)
 # Configuration (``cfg_i``, ``cfg_f``), by index.
 (_C_N, _C_SENDS, _C_CLOSED, _C_BUDGET, _C_MAX_SEQS, _C_BLOCK, _C_CAPACITY, _C_CHUNKED, _C_ASYNC, _C_FRONT_END,
- _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS) = range(14)
+ _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP) = range(15)
 _F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US = range(3)
 # Request columns: integers (``req_i``) and times (``req_s``).
-_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS = range(4)
+_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS, _IN_FLIGHT = range(5)
 _ISSUE, _REACHED, _FIRST_SCHEDULED, _FIRST_TOKEN, _LAST_TOKEN, _LAST_STREAMED = range(6)
+# A micro-batch's summary (``flight_i`` rows): its requests, prompt chunks, decodes, their context and the longest.
+_M_LEN, _M_CHUNKS, _M_DECODES, _M_CONTEXTS, _M_LONGEST = range(5)
 
 #: Step-log rows buffered before they are handed back.
 _ROW_BUFFER = 4096
@@ -65,10 +65,10 @@ _GAP_SLOTS = 1 << 14
 
 
 def eligible(fleet, workload: Workload, prefix_identity: bool) -> bool:
-    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism) of one pipeline
-    stage, and no prompt identity to look up in the prefix cache."""
-    return (len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and fleet[0].pp == 1
-            and not prefix_identity and len(workload) > 0)
+    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism) and no prompt
+    identity to look up in the prefix cache."""
+    return (len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and not prefix_identity
+            and len(workload) > 0)
 
 
 def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule, ...], progress) -> StepLog:
@@ -77,25 +77,33 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     when one of ``rules`` breaks."""
     scheduler, step_model = replica.scheduler, replica.step_model
     overhead = step_model.overhead
-    n = len(workload)
+    n, pp = len(workload), replica.pp
     closed = workload.arrival_mode == "closed"
     sends = min(workload.concurrency, n) if closed else n
     cfg_i = np.array([n, sends, closed, scheduler.token_budget, scheduler.max_num_seqs, scheduler.block_size,
                       scheduler.capacity, scheduler.chunked_prefill, replica.async_scheduling,
                       overhead.has_front_end, requests.gaps is None, requests.stream_interval,
-                      max(1, n // 100), progress is not None], dtype=np.int64)
+                      max(1, n // 100), progress is not None, pp], dtype=np.int64)
     cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us])
     prompt = workload.prompt_tokens.astype(np.int64)
     output = workload.output_tokens.astype(np.int64)
     arrival_s = workload.arrival_s.astype(np.float64)
-    req_i = np.zeros((n, 4), dtype=np.int64)
+    req_i = np.zeros((n, 5), dtype=np.int64)
     req_s = np.full((n, 6), -1.0)
-    queues = np.zeros((4, n), dtype=np.int64)  # waiting ring, running, the step's requests and their new tokens
-    chunks = np.zeros((n, 2), dtype=np.int64)  # the step's prompt chunks: new and cached tokens
+    queues = np.zeros((3, n), dtype=np.int64)  # the waiting ring, the running requests, a step's finished ones
+    # The micro-batches in flight, a ring of pp slots: requests, their new tokens, summary, end.
+    flight_rids = np.zeros((pp, n), dtype=np.int64)
+    flight_new = np.zeros((pp, n), dtype=np.int64)
+    flight_i = np.zeros((pp, 5), dtype=np.int64)
+    flight_end = np.zeros(pp)
+    chunks = np.zeros((n, 2), dtype=np.int64)  # the forming step's prompt chunks: new and cached tokens
     heap_s = np.zeros(n + 1)
     heap_i = np.zeros((n + 1, 3), dtype=np.int64)  # tie-breaker, request, where (-1: the client's send)
     span_keys = np.zeros((_SPAN_SLOTS, 4), dtype=np.int64)  # size (0: empty), grid context, spread, span length
-    span_times = np.zeros((_SPAN_SLOTS, 4))  # host overhead and GPU time at the low context, and their deltas
+    # Host overhead and each stage's time at the span's low context, then their deltas to its next grid context:
+    # what the loop gets from Python in ``answer`` (a mixed step's time in its first 1 + pp).
+    span_times = np.zeros((_SPAN_SLOTS, 2 * (pp + 1)))
+    answer = np.zeros(2 * (pp + 1))
     rule_i = np.array([(STOP_METRICS.index(rule.metric), rule.count, 0) for rule in rules],
                       dtype=np.int64).reshape(len(rules), 3)
     rule_ms = np.array([rule.limit_ms for rule in rules])
@@ -103,30 +111,30 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     gap_values = np.zeros(0 if requests.gaps is None else _GAP_SLOTS)
     gap_counts = np.zeros(len(gap_values), dtype=np.int64)  # 0: an empty slot
     token_times = requests.token_times_s if requests.gaps is None else np.empty(0)
-    st = np.zeros(24, dtype=np.int64)
+    st = np.zeros(20, dtype=np.int64)
     st[_FREE], st[_SEQ], st[_ISSUED], st[_REPORT_AT] = scheduler.free, sends, sends, min(cfg_i[_C_REPORT_EVERY], n)
     st[_RULE] = -1
-    sf = np.zeros(12)
-    sf[_FLIGHT_END] = sf[_ADMIT_BEFORE] = math.inf
+    sf = np.zeros(_STAGE_FREE + pp)
+    sf[_ADMIT_BEFORE] = math.inf
     st[_H_SIZE] = 1  # the first send
     heap_s[0], heap_i[0] = arrival_s[0], (0, 0, -1)
     log = StepLog()
     while True:
         status = _core_loop(cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s, queues,
-                            chunks, heap_s, heap_i, span_keys, span_times, rule_i, rule_ms, rows, gap_values, gap_counts,
-                            token_times, st, sf)
-        if status == _NEED_TIME:
-            step = Step((), (), int(st[_S_DECODES]), int(st[_S_CONTEXTS]), int(st[_S_LONGEST]),
-                        tuple(PrefillChunk(new, cached) for new, cached in chunks[:st[_S_CHUNKS]].tolist()))
-            overhead_us, (stage_us,) = step_time_us(step_model, step)
-            sf[_ANSWER_OVERHEAD], sf[_ANSWER_STAGE] = overhead_us, stage_us
-            st[_ANSWERED] = 1
-        elif status == _NEED_SPAN:
-            size, context = int(st[_KEY_N]), int(st[_S_CONTEXTS]) // int(st[_KEY_N])
-            span = decode_span_at(step_model, size, context, int(st[_S_LONGEST]))
-            sf[_ANSWER_OVERHEAD], sf[_ANSWER_STAGE] = span.overhead_us, span.stage_us[0]
-            sf[_ANSWER_OVERHEAD_DELTA], sf[_ANSWER_STAGE_DELTA] = span.overhead_delta_us, span.stage_delta_us[0]
-            st[_KEY_SPAN] = span.span  # the loop files it under the key it computed
+                            flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, span_keys,
+                            span_times, answer, rule_i, rule_ms, rows, gap_values, gap_counts, token_times, st, sf)
+        if status in (_NEED_TIME, _NEED_SPAN):
+            forming = flight_i[(st[_F_HEAD] + st[_F_COUNT]) % pp]
+            decodes, contexts, longest = int(forming[_M_DECODES]), int(forming[_M_CONTEXTS]), int(forming[_M_LONGEST])
+            if status == _NEED_TIME:
+                step = Step((), (), decodes, contexts, longest,
+                            tuple(PrefillChunk(new, cached) for new, cached in chunks[:forming[_M_CHUNKS]].tolist()))
+                overhead_us, stages_us = step_time_us(step_model, step)
+                answer[:pp + 1] = (overhead_us, *stages_us)
+            else:
+                span = decode_span_at(step_model, decodes, contexts // decodes, longest)
+                answer[:] = (span.overhead_us, *span.stage_us, span.overhead_delta_us, *span.stage_delta_us)
+                st[_KEY_SPAN] = span.span  # the loop files it under the key it computed
             st[_ANSWERED] = 1
         elif status == _SPANS_FULL:
             span_keys, span_times = _grown(span_keys, span_times)
@@ -162,7 +170,7 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
 def _grown(keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The span table with twice the slots, every span filed again."""
     new_keys = np.zeros((2 * len(keys), 4), dtype=np.int64)
-    new_times = np.zeros((2 * len(keys), 4))
+    new_times = np.zeros((2 * len(keys), times.shape[1]))
     _refile(keys, times, new_keys, new_times)
     return new_keys, new_times
 
@@ -209,9 +217,8 @@ def _refile(keys: np.ndarray, times: np.ndarray, new_keys: np.ndarray, new_times
     for old in range(len(keys)):
         if keys[old, 0] != 0:
             slot = _slot(new_keys, keys[old, 0], keys[old, 1], keys[old, 2])
-            for column in range(4):
-                new_keys[slot, column] = keys[old, column]
-                new_times[slot, column] = times[old, column]
+            new_keys[slot] = keys[old]
+            new_times[slot] = times[old]
 
 
 @jit
@@ -277,10 +284,12 @@ def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
 
 @jit
 def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
-              chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
-    """``VllmScheduler.schedule`` with nothing in flight: the step's requests, new tokens and prompt chunks go to
-    ``queues[2:]`` and ``chunks``, its summary to ``st``. Returns whether it scheduled anything."""
-    waiting, running, step_rids, step_new = queues[0], queues[1], queues[2], queues[3]
+              rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
+              sf: np.ndarray) -> bool:
+    """``VllmScheduler.schedule``: the step's requests and new tokens go to ``rids`` and ``news``, its prompt
+    chunks to ``chunks``, its summary to ``summary`` (a ``flight_i`` row), and its requests are marked in flight.
+    Returns whether it scheduled anything."""
+    waiting, running = queues[0], queues[1]
     n, block = cfg_i[_C_N], cfg_i[_C_BLOCK]
     budget = cfg_i[_C_BUDGET]
     length = num_chunks = num_decodes = contexts = longest = 0
@@ -289,20 +298,26 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
     while i < st[_R_COUNT] and budget > 0:
         rid = running[i]
         i += 1
+        if req_i[rid, _IN_FLIGHT]:
+            continue
         computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
         left = prompt[rid] + generated - computed
         new = left if left < budget else budget
         need = -(-(computed + new) // block) - req_i[rid, _KV_HELD]
         if need > 0:
             got = True
-            while need > st[_FREE]:  # preempt the newest running request from this one on
+            while need > st[_FREE]:  # preempt the newest running request from this one on that is not in flight
                 preempted = True
-                last = st[_R_COUNT] - 1
-                if last < i - 1:
+                at = st[_R_COUNT] - 1
+                while at >= i - 1 and req_i[running[at], _IN_FLIGHT]:
+                    at -= 1
+                if at < i - 1:
                     got = False
                     break
-                victim = running[last]
-                st[_R_COUNT] = last
+                victim = running[at]
+                for j in range(at, st[_R_COUNT] - 1):
+                    running[j] = running[j + 1]
+                st[_R_COUNT] -= 1
                 st[_FREE] += req_i[victim, _KV_HELD]
                 req_i[victim, _KV_HELD] = 0
                 req_i[victim, _COMPUTED] = 0
@@ -317,7 +332,8 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                 break
             st[_FREE] -= need
             req_i[rid, _KV_HELD] += need
-        step_rids[length], step_new[length] = rid, new
+        req_i[rid, _IN_FLIGHT] = 1
+        rids[length], news[length] = rid, new
         length += 1
         budget -= new
         if left == 1 and generated:
@@ -333,8 +349,8 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             rid = waiting[st[_W_HEAD]]
             if req_s[rid, _REACHED] > sf[_ADMIT_BEFORE]:
                 break
-            computed = req_i[rid, _COMPUTED]
-            new = prompt[rid] + req_i[rid, _GENERATED] - computed
+            computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+            new = prompt[rid] + generated - computed
             if budget <= 0 or (new > budget and not cfg_i[_C_CHUNKED]):
                 break
             if new > budget:
@@ -348,12 +364,13 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             st[_W_COUNT] -= 1
             running[st[_R_COUNT]] = rid
             st[_R_COUNT] += 1
-            step_rids[length], step_new[length] = rid, new
+            req_i[rid, _IN_FLIGHT] = 1
+            rids[length], news[length] = rid, new
             length += 1
             budget -= new
             if req_s[rid, _FIRST_SCHEDULED] < 0:
                 req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
-            if new == 1 and req_i[rid, _GENERATED] and computed == prompt[rid] + req_i[rid, _GENERATED] - 1:
+            if new == 1 and generated and computed == prompt[rid] + generated - 1:
                 num_decodes += 1
                 contexts += computed
                 if computed > longest:
@@ -361,27 +378,28 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             else:
                 chunks[num_chunks, 0], chunks[num_chunks, 1] = new, computed
                 num_chunks += 1
-    st[_S_LEN], st[_S_CHUNKS], st[_S_DECODES], st[_S_CONTEXTS], st[_S_LONGEST] = (length, num_chunks, num_decodes,
-                                                                                  contexts, longest)
+    summary[_M_LEN], summary[_M_CHUNKS], summary[_M_DECODES] = length, num_chunks, num_decodes
+    summary[_M_CONTEXTS], summary[_M_LONGEST] = contexts, longest
     return length > 0
 
 
 @jit
 def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
-               chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
-    """``_Replica._schedule``: under async scheduling the host begins the step while the one before runs, and admits
-    only requests that reached the engine by then, unless nothing else would run."""
+               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
+               sf: np.ndarray) -> bool:
+    """``_Replica._schedule``: under async scheduling (one stage) the host begins the step while the one before
+    runs, and admits only requests that reached the engine by then, unless nothing else would run."""
     now_s = sf[_NOW]
     if not cfg_i[_C_ASYNC]:
-        return _schedule(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf)
+        return _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
     earliest_s = sf[_GPU_START] if sf[_STAGE_FREE] >= now_s else now_s
     host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
     sf[_ADMIT_BEFORE] = host_start_s
-    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf)
+    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
     if not formed and host_start_s < now_s and st[_W_COUNT]:
         sf[_HOST_START] = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
         sf[_ADMIT_BEFORE] = np.inf
-        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf)
+        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
     return formed
 
 
@@ -418,51 +436,52 @@ def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, va
 @jit
 def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, arrival_s: np.ndarray,
                token_offsets: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
+               flight_rids: np.ndarray, flight_new: np.ndarray, flight_i: np.ndarray, flight_end: np.ndarray,
                chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray, span_keys: np.ndarray,
-               span_times: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray, rows: np.ndarray,
+               span_times: np.ndarray, answer: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray, rows: np.ndarray,
                gap_values: np.ndarray, gap_counts: np.ndarray, token_times: np.ndarray, st: np.ndarray,
                sf: np.ndarray) -> int:
     """Run events until the run ends or Python must act (the module docstring says when); returns why. Every
     array is state that a later call goes on from."""
-    n, sends, closed = cfg_i[_C_N], cfg_i[_C_SENDS], cfg_i[_C_CLOSED]
-    waiting, running, step_rids, step_new = queues[0], queues[1], queues[2], queues[3]
+    n, sends, closed, pp = cfg_i[_C_N], cfg_i[_C_SENDS], cfg_i[_C_CLOSED], cfg_i[_C_PP]
+    waiting, running, finished_rids = queues[0], queues[1], queues[2]
     while True:
-        if st[_PENDING]:  # a step formed at sf[_NOW] waits for its time
+        if st[_PENDING]:  # a step formed at sf[_NOW] in the flight slot after the last waits for its time
             if st[_ROWS] == len(rows):
                 return _ROWS_FULL
-            num_decodes = st[_S_DECODES]
-            if st[_S_CHUNKS] == 0:  # decodes only: step_cache.decode_step_time_us
-                context = st[_S_CONTEXTS] // num_decodes
+            slot = (st[_F_HEAD] + st[_F_COUNT]) % pp
+            summary = flight_i[slot]
+            num_decodes = summary[_M_DECODES]
+            if summary[_M_CHUNKS] == 0:  # decodes only: step_cache.decode_step_time_us
+                context = summary[_M_CONTEXTS] // num_decodes
                 grid = 1 if context < EXACT_BELOW else _grid_step(context, DECODE_BITS)
                 low = context // grid * grid
-                distance = st[_S_LONGEST] - context
+                distance = summary[_M_LONGEST] - context
                 grid = _grid_step(distance, SPREAD_BITS)
                 spread = (distance + grid // 2) // grid * grid
-                slot = _slot(span_keys, num_decodes, low, spread)
-                if span_keys[slot, 0] == 0:
+                at = _slot(span_keys, num_decodes, low, spread)
+                if span_keys[at, 0] == 0:
                     if not st[_ANSWERED]:
-                        st[_KEY_N] = num_decodes
                         return _NEED_SPAN
                     if 2 * (st[_SPANS] + 1) > len(span_keys):
                         return _SPANS_FULL
-                    span_keys[slot, 0], span_keys[slot, 1], span_keys[slot, 2] = num_decodes, low, spread
-                    span_keys[slot, 3] = st[_KEY_SPAN]
-                    for column in range(4):
-                        span_times[slot, column] = sf[_ANSWER_OVERHEAD + column]
+                    span_keys[at, 0], span_keys[at, 1], span_keys[at, 2] = num_decodes, low, spread
+                    span_keys[at, 3] = st[_KEY_SPAN]
+                    span_times[at] = answer
                     st[_SPANS] += 1
                     st[_ANSWERED] = 0
-                overhead_us, stage_us = span_times[slot, 0], span_times[slot, 1]
-                if context != low:
-                    weight = (context - low) / span_keys[slot, 3]
-                    overhead_us = overhead_us + weight * span_times[slot, 2]
-                    stage_us = stage_us + weight * span_times[slot, 3]
+                times = span_times[at]
+                weight = 0.0 if context == low else (context - low) / span_keys[at, 3]  # DecodeSpan.at
             else:
                 if not st[_ANSWERED]:
                     return _NEED_TIME
-                overhead_us, stage_us = sf[_ANSWER_OVERHEAD], sf[_ANSWER_STAGE]
+                times = answer
+                weight = 0.0
                 st[_ANSWERED] = 0
+            overhead_us = times[0] if weight == 0.0 else times[0] + weight * times[pp + 1]
             now_s = sf[_NOW]
-            if cfg_i[_C_ASYNC]:  # _Replica.occupy_async
+            if cfg_i[_C_ASYNC]:  # _Replica.occupy_async (one stage)
+                stage_us = times[1] if weight == 0.0 else times[1] + weight * times[pp + 2]
                 ready_s = sf[_CPU_FREE] = sf[_HOST_START] + overhead_us * 1e-6
                 start_s = now_s if now_s > ready_s else ready_s
                 if sf[_STAGE_FREE] > start_s:
@@ -471,29 +490,37 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 end_s = sf[_STAGE_FREE] = start_s + stage_us * 1e-6
             else:  # _Replica.occupy
                 start_s = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
-                t_s = sf[_CPU_FREE] = start_s + overhead_us * 1e-6
-                end_s = sf[_STAGE_FREE] = (t_s if t_s > sf[_STAGE_FREE] else sf[_STAGE_FREE]) + stage_us * 1e-6
+                end_s = sf[_CPU_FREE] = start_s + overhead_us * 1e-6
+                for stage in range(pp):
+                    stage_us = times[1 + stage] if weight == 0.0 else times[1 + stage] + weight * times[pp + 2 + stage]
+                    free_s = sf[_STAGE_FREE + stage]
+                    end_s = sf[_STAGE_FREE + stage] = (end_s if end_s > free_s else free_s) + stage_us * 1e-6
             prefill_tokens = 0
-            for chunk in range(st[_S_CHUNKS]):
+            for chunk in range(summary[_M_CHUNKS]):
                 prefill_tokens += chunks[chunk, 0]
             row = rows[st[_ROWS]]
-            row[0], row[1], row[2], row[3] = 0, start_s, end_s, st[_S_LEN]
+            row[0], row[1], row[2], row[3] = 0, start_s, end_s, summary[_M_LEN]
             row[4], row[5], row[6] = prefill_tokens + num_decodes, prefill_tokens, num_decodes
             row[7] = (cfg_i[_C_CAPACITY] - st[_FREE]) * cfg_i[_C_BLOCK]
             st[_ROWS] += 1
-            sf[_FLIGHT_END] = end_s
+            flight_end[slot] = end_s
+            st[_F_COUNT] += 1
             st[_PENDING] = 0
             continue
-        if st[_LAUNCH]:  # every event of the instant is in
-            st[_LAUNCH] = 0
-            if sf[_FLIGHT_END] == np.inf and _form_step(cfg_i, prompt, req_i, req_s, queues, chunks, st, sf):
+        if st[_LAUNCH]:  # every event of the instant is in: form steps while the pipeline has room
+            slot = (st[_F_HEAD] + st[_F_COUNT]) % pp
+            if st[_F_COUNT] < pp and _form_step(cfg_i, prompt, req_i, req_s, queues, flight_rids[slot],
+                                                flight_new[slot], flight_i[slot], chunks, st, sf):
                 st[_PENDING] = 1
+            else:
+                st[_LAUNCH] = 0
             continue
         report = False
-        in_flight = sf[_FLIGHT_END] < np.inf
+        in_flight = st[_F_COUNT] > 0
+        first_end_s = flight_end[st[_F_HEAD]] if in_flight else np.inf
         if st[_H_SIZE] == 0 and not in_flight:
             return _DONE
-        if st[_H_SIZE] and (not in_flight or heap_s[0] <= sf[_FLIGHT_END]):  # an arrival
+        if st[_H_SIZE] and (not in_flight or heap_s[0] <= first_end_s):  # an arrival
             now_s = sf[_NOW] = heap_s[0]
             tie, rid, where = heap_i[0, 0], heap_i[0, 1], heap_i[0, 2]
             _heap_pop(heap_s, heap_i, st)
@@ -504,7 +531,8 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 req_s[rid, _ISSUE] = req_s[rid, _REACHED] = now_s
                 if cfg_i[_C_FRONT_END]:  # _Replica.front_end: it reaches the engine later
                     start_s = now_s if now_s > sf[_FRONT_FREE] else sf[_FRONT_FREE]
-                    sf[_FRONT_FREE] = start_s + (cfg_f[_F_REQUEST_US] + cfg_f[_F_PER_PROMPT_TOKEN_US] * prompt[rid]) * 1e-6
+                    sf[_FRONT_FREE] = start_s + (cfg_f[_F_REQUEST_US]
+                                                 + cfg_f[_F_PER_PROMPT_TOKEN_US] * prompt[rid]) * 1e-6
                     _heap_push(heap_s, heap_i, st, sf[_FRONT_FREE] + cfg_f[_F_LATENCY_US] * 1e-6, st[_SEQ], rid, 0)
                     st[_SEQ] += 1
                     reaches = False
@@ -514,15 +542,19 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = rid
                 st[_W_COUNT] += 1
                 st[_READY] = 1
-        else:  # the step in flight completes: finish_step
-            if not cfg_i[_C_KEEP_TIMES] and 2 * (st[_GAPS] + st[_S_LEN]) > len(gap_values):
+        else:  # the first micro-batch in flight completes: finish_step
+            slot = st[_F_HEAD]
+            summary, rids, news = flight_i[slot], flight_rids[slot], flight_new[slot]
+            if not cfg_i[_C_KEEP_TIMES] and 2 * (st[_GAPS] + summary[_M_LEN]) > len(gap_values):
                 return _GAPS_FULL  # each of the step's tokens may add a value
-            now_s = sf[_NOW] = sf[_FLIGHT_END]
-            sf[_FLIGHT_END] = np.inf
-            finished = 0  # the step's finished requests go to the front of step_rids' spare room, queues[3]
-            for k in range(st[_S_LEN]):
-                rid = step_rids[k]
-                computed = req_i[rid, _COMPUTED] = req_i[rid, _COMPUTED] + step_new[k]
+            now_s = sf[_NOW] = first_end_s
+            st[_F_HEAD] = (slot + 1) % pp
+            st[_F_COUNT] -= 1
+            finished = 0
+            for k in range(summary[_M_LEN]):
+                rid = rids[k]
+                req_i[rid, _IN_FLIGHT] = 0
+                computed = req_i[rid, _COMPUTED] = req_i[rid, _COMPUTED] + news[k]
                 generated = req_i[rid, _GENERATED]
                 if computed == prompt[rid] + generated:
                     if not generated:
@@ -531,25 +563,25 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                           generated, now_s)
                     generated = req_i[rid, _GENERATED] = generated + 1
                     if generated == output[rid]:
-                        step_new[finished] = rid  # step_new[k] is read before: finished <= k
+                        finished_rids[finished] = rid
                         finished += 1
             for rule in range(len(rule_i)):  # ViolationCounter.step_done
                 metric = rule_i[rule, 0]
-                if metric == 0 and st[_S_CHUNKS]:
-                    for k in range(st[_S_LEN]):
-                        rid = step_rids[k]
+                if metric == 0 and summary[_M_CHUNKS]:
+                    for k in range(summary[_M_LEN]):
+                        rid = rids[k]
                         if (req_i[rid, _GENERATED] == 1 and req_s[rid, _FIRST_TOKEN] == now_s
                                 and _over(rule_i, rule_ms, st, rule, now_s - req_s[rid, _ISSUE])):
                             return _STOPPED
                 for k in range(finished):
-                    rid = step_new[k]
+                    rid = finished_rids[k]
                     if metric == 2 and _over(rule_i, rule_ms, st, rule, now_s - req_s[rid, _ISSUE]):
                         return _STOPPED
-                    if (metric == 1 and output[rid] > 1 and _over(rule_i, rule_ms, st, rule,
-                                                                  (now_s - req_s[rid, _FIRST_TOKEN]) / (output[rid] - 1))):
+                    if metric == 1 and output[rid] > 1 and _over(
+                            rule_i, rule_ms, st, rule, (now_s - req_s[rid, _FIRST_TOKEN]) / (output[rid] - 1)):
                         return _STOPPED
             for k in range(finished):  # scheduler.release, in step order
-                rid = step_new[k]
+                rid = finished_rids[k]
                 count = st[_R_COUNT]
                 at = 0
                 while running[at] != rid:
@@ -565,15 +597,14 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                     _heap_push(heap_s, heap_i, st, max(now_s, arrival_s[issued]), st[_SEQ], issued, -1)
                     st[_SEQ] += 1
                     st[_ISSUED] = issued + 1
-            st[_S_LEN] = 0
             st[_READY] = 1
             report = cfg_i[_C_PROGRESS] and st[_FINISHED] >= st[_REPORT_AT]
             if report:
                 report_at = st[_FINISHED] + cfg_i[_C_REPORT_EVERY]
                 st[_REPORT_AT] = report_at if report_at < n else n
         next_s = heap_s[0] if st[_H_SIZE] else np.inf
-        if sf[_FLIGHT_END] < next_s:
-            next_s = sf[_FLIGHT_END]
+        if st[_F_COUNT] and flight_end[st[_F_HEAD]] < next_s:
+            next_s = flight_end[st[_F_HEAD]]
         if next_s > sf[_NOW]:
             if st[_READY]:
                 st[_LAUNCH] = 1

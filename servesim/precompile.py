@@ -52,7 +52,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("servesim.serving.vllm_core", "_core_loop",
                ("i8[:]", "f8[:]", "i8[:]", "i8[:]", "f8[:]", "i8[:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "i8[:,:]",
                 "i8[:,:]", "i8[:,:]", "f8[:]", "i8[:,:]", "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "f8[:]",
-                "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 4.0, "core"),
+                "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 5.5, "core"),
     EntryPoint("servesim.serving.vllm_core", "_refile", ("i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:,:]"), 0.3, "core"),
     EntryPoint("servesim.serving.vllm_core", "_refile_gaps", ("f8[:]", "i8[:]", "f8[:]", "i8[:]"), 0.3, "core"),
 )

@@ -217,8 +217,10 @@ def _refile(keys: np.ndarray, times: np.ndarray, new_keys: np.ndarray, new_times
     for old in range(len(keys)):
         if keys[old, 0] != 0:
             slot = _slot(new_keys, keys[old, 0], keys[old, 1], keys[old, 2])
-            new_keys[slot] = keys[old]
-            new_times[slot] = times[old]
+            for column in range(keys.shape[1]):
+                new_keys[slot, column] = keys[old, column]
+            for column in range(times.shape[1]):
+                new_times[slot, column] = times[old, column]
 
 
 @jit
@@ -467,7 +469,8 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                         return _SPANS_FULL
                     span_keys[at, 0], span_keys[at, 1], span_keys[at, 2] = num_decodes, low, spread
                     span_keys[at, 3] = st[_KEY_SPAN]
-                    span_times[at] = answer
+                    for column in range(len(answer)):  # element by element: a slice assignment compiles slowly
+                        span_times[at, column] = answer[column]
                     st[_SPANS] += 1
                     st[_ANSWERED] = 0
                 times = span_times[at]

@@ -285,16 +285,36 @@ def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
 
 
 @jit
+def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray,
+                 rid: int, new: int, computed: int, decode: bool) -> None:
+    """Request ``rid`` joins the forming step with ``new`` tokens after its ``computed`` ones: a decode, or a
+    prompt chunk (``schedule_requests``)."""
+    req_i[rid, _IN_FLIGHT] = 1
+    length = summary[_M_LEN]
+    rids[length], news[length] = rid, new
+    summary[_M_LEN] = length + 1
+    if decode:
+        summary[_M_DECODES] += 1
+        summary[_M_CONTEXTS] += computed
+        if computed > summary[_M_LONGEST]:
+            summary[_M_LONGEST] = computed
+    else:
+        chunks[summary[_M_CHUNKS], 0], chunks[summary[_M_CHUNKS], 1] = new, computed
+        summary[_M_CHUNKS] += 1
+
+
+@jit
 def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
               sf: np.ndarray) -> bool:
     """``VllmScheduler.schedule``: the step's requests and new tokens go to ``rids`` and ``news``, its prompt
-    chunks to ``chunks``, its summary to ``summary`` (a ``flight_i`` row), and its requests are marked in flight.
-    Returns whether it scheduled anything."""
+    chunks to ``chunks``, its summary to ``summary`` (a ``flight_i`` row), and its requests are marked in flight
+    (:func:`_add_to_step`). Returns whether it scheduled anything."""
     waiting, running = queues[0], queues[1]
     n, block = cfg_i[_C_N], cfg_i[_C_BLOCK]
     budget = cfg_i[_C_BUDGET]
-    length = num_chunks = num_decodes = contexts = longest = 0
+    for field in range(len(summary)):
+        summary[field] = 0
     preempted = False
     i = 0
     while i < st[_R_COUNT] and budget > 0:
@@ -334,18 +354,8 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                 break
             st[_FREE] -= need
             req_i[rid, _KV_HELD] += need
-        req_i[rid, _IN_FLIGHT] = 1
-        rids[length], news[length] = rid, new
-        length += 1
+        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed, left == 1 and generated > 0)
         budget -= new
-        if left == 1 and generated:
-            num_decodes += 1
-            contexts += computed
-            if computed > longest:
-                longest = computed
-        else:
-            chunks[num_chunks, 0], chunks[num_chunks, 1] = new, computed
-            num_chunks += 1
     if not preempted:
         while st[_W_COUNT] and st[_R_COUNT] < cfg_i[_C_MAX_SEQS]:
             rid = waiting[st[_W_HEAD]]
@@ -366,23 +376,12 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             st[_W_COUNT] -= 1
             running[st[_R_COUNT]] = rid
             st[_R_COUNT] += 1
-            req_i[rid, _IN_FLIGHT] = 1
-            rids[length], news[length] = rid, new
-            length += 1
             budget -= new
             if req_s[rid, _FIRST_SCHEDULED] < 0:
                 req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
-            if new == 1 and generated and computed == prompt[rid] + generated - 1:
-                num_decodes += 1
-                contexts += computed
-                if computed > longest:
-                    longest = computed
-            else:
-                chunks[num_chunks, 0], chunks[num_chunks, 1] = new, computed
-                num_chunks += 1
-    summary[_M_LEN], summary[_M_CHUNKS], summary[_M_DECODES] = length, num_chunks, num_decodes
-    summary[_M_CONTEXTS], summary[_M_LONGEST] = contexts, longest
-    return length > 0
+            _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
+                         new == 1 and generated > 0 and computed == prompt[rid] + generated - 1)
+    return summary[_M_LEN] > 0
 
 
 @jit
@@ -406,22 +405,28 @@ def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: 
 
 
 @jit
-def _emit(cfg_i: np.ndarray, output: np.ndarray, token_offsets: np.ndarray, req_s: np.ndarray, gap_values: np.ndarray,
-          gap_counts: np.ndarray, token_times: np.ndarray, st: np.ndarray, rid: int, index: int, now_s: float) -> None:
-    """Token ``index`` of request ``rid`` is sampled at ``now_s``: kept, or the gap since the chunk the client
-    last received counted when it ends a chunk (``streamed_positions``)."""
+def _emit(cfg_i: np.ndarray, output: np.ndarray, token_offsets: np.ndarray, req_s: np.ndarray,
+          token_times: np.ndarray, rid: int, index: int, now_s: float) -> float:
+    """Token ``index`` of request ``rid`` is sampled at ``now_s``: kept, or, when it ends a chunk the client
+    receives (``streamed_positions``), the gap since the last chunk returned to be counted (else -1)."""
+    req_s[rid, _LAST_TOKEN] = now_s
     if cfg_i[_C_KEEP_TIMES]:
         token_times[token_offsets[rid] + index] = now_s
     elif index % cfg_i[_C_INTERVAL] == 0 or index == output[rid] - 1:
-        if index:
-            gap_s = now_s - req_s[rid, _LAST_STREAMED]
-            slot = _gap_slot(gap_values, gap_counts, gap_s)
-            if gap_counts[slot] == 0:
-                gap_values[slot] = gap_s
-                st[_GAPS] += 1
-            gap_counts[slot] += 1
+        last_s = req_s[rid, _LAST_STREAMED]
         req_s[rid, _LAST_STREAMED] = now_s
-    req_s[rid, _LAST_TOKEN] = now_s
+        if index:
+            return now_s - last_s
+    return -1.0
+
+
+@jit
+def _count_gaps(gap_values: np.ndarray, gap_counts: np.ndarray, st: np.ndarray, gap_s: float, count: int) -> None:
+    slot = _gap_slot(gap_values, gap_counts, gap_s)
+    if gap_counts[slot] == 0:
+        gap_values[slot] = gap_s
+        st[_GAPS] += 1
+    gap_counts[slot] += count
 
 
 @jit
@@ -554,6 +559,9 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             st[_F_HEAD] = (slot + 1) % pp
             st[_F_COUNT] -= 1
             finished = 0
+            # Gaps are counted a run of equal ones at a time: the step's requests mostly sampled their last token
+            # in the same step before it.
+            run_gap_s, run = 0.0, 0
             for k in range(summary[_M_LEN]):
                 rid = rids[k]
                 req_i[rid, _IN_FLIGHT] = 0
@@ -562,12 +570,20 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 if computed == prompt[rid] + generated:
                     if not generated:
                         req_s[rid, _FIRST_TOKEN] = now_s
-                    _emit(cfg_i, output, token_offsets, req_s, gap_values, gap_counts, token_times, st, rid,
-                          generated, now_s)
+                    gap_s = _emit(cfg_i, output, token_offsets, req_s, token_times, rid, generated, now_s)
+                    if gap_s >= 0.0:
+                        if run and gap_s == run_gap_s:
+                            run += 1
+                        else:
+                            if run:
+                                _count_gaps(gap_values, gap_counts, st, run_gap_s, run)
+                            run_gap_s, run = gap_s, 1
                     generated = req_i[rid, _GENERATED] = generated + 1
                     if generated == output[rid]:
                         finished_rids[finished] = rid
                         finished += 1
+            if run:
+                _count_gaps(gap_values, gap_counts, st, run_gap_s, run)
             for rule in range(len(rule_i)):  # ViolationCounter.step_done
                 metric = rule_i[rule, 0]
                 if metric == 0 and summary[_M_CHUNKS]:

@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,12 +61,19 @@ def run(args: str, timeout_s: float) -> str:
     """The example's wall time in its own process, from an empty folder with an empty step store."""
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as store:
         start = time.perf_counter()
-        try:
-            subprocess.run([sys.executable, "-c", CLI, *shlex.split(args)], cwd=folder, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s,
-                           env={**os.environ, "SERVESIM_CACHE_DIR": store})
-        except subprocess.TimeoutExpired:
-            return f"over {timeout_s:.0f} s (timed out)"
+        # In a session of its own, so that a timed-out example's worker processes stop with it and do not slow
+        # the examples after it.
+        with subprocess.Popen([sys.executable, "-c", CLI, *shlex.split(args)], cwd=folder,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "SERVESIM_CACHE_DIR": store}) as child:
+            try:
+                returncode = child.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                return f"over {timeout_s:.0f} s (timed out)"
+        if returncode:
+            raise subprocess.CalledProcessError(returncode, f"servesim {args}")
         return f"{time.perf_counter() - start:.1f} s"
 
 

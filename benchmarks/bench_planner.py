@@ -8,8 +8,9 @@ the decomposition, SM placement and features of kernels not seen before, and the
 (``StepTimeModel._predict_rest_us``). No step times are read from earlier plans (``SERVESIM_CACHE_DIR`` is set
 empty: servesim/planner/step_store.py). Then it searches every option again with the step-time models the first
 pass filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
-decode stretches run without the scheduler (``servesim.serving.fast_forward``) and the runs that stopped early (a
-bracketing load whose SLO failure became certain) are timed apart. Prints a row per option and the total.
+compiled event loop of one vLLM replica (``servesim.serving.vllm_core``, without its hand-backs to Python), the
+decode stretches the Python loop runs without the scheduler (``servesim.serving.fast_forward``: SGLang) and the
+runs that stopped early (a bracketing load whose SLO failure became certain) are timed apart. Prints a row per option and the total.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import servesim.features as features
 import servesim.planner.plan as plan
 import servesim.planner.search as search_module
 import servesim.serving.simulator as simulator
+import servesim.serving.vllm_core as vllm_core
 from servesim.cli import main as servesim_main
 from servesim.cli.output import Column, render_table
 from servesim.planner.search import OptionResult, OptionTask, Probe, search_capacity
@@ -79,6 +81,7 @@ def main(plan_args: list[str]) -> None:
     finally:
         plan.search_capacity = search_capacity
     simulator.fast_forward = _timed("fast_forward", simulator.fast_forward)
+    vllm_core._core_loop = _timed("core", vllm_core._core_loop)
     search_module._probe = _timed_if_stopped(search_module._probe)
     rows = []
     for task, steps, result, parts, kernels in searched:
@@ -89,7 +92,8 @@ def main(plan_args: list[str]) -> None:
             "option": task.label, "probes": len(result.probes), "kernels": kernels, "cold_s": parts["cold"],
             "attention_s": parts.get("attention", 0.0), "features_s": parts.get("features", 0.0),
             "rest_s": parts.get("rest", 0.0), "warm_s": time.perf_counter() - start,
-            "fast_forward_s": _seconds.get("fast_forward", 0.0), "stopped_s": _seconds.get("stopped", 0.0),
+            "core_s": _seconds.get("core", 0.0), "fast_forward_s": _seconds.get("fast_forward", 0.0),
+            "stopped_s": _seconds.get("stopped", 0.0),
         })
     numeric = [key for key in rows[0] if key != "option"] if rows else []
     rows.append({"option": "total", **{key: sum(row[key] for row in rows) for key in numeric}})
@@ -98,6 +102,7 @@ def main(plan_args: list[str]) -> None:
                Column("attention_s", "new attention batches s", ".2f"),
                Column("features_s", "of which kernel features s", ".2f"),
                Column("rest_s", "outside attention s", ".2f"), Column("warm_s", "warm re-search s", ".2f"),
+               Column("core_s", "of which compiled loop s", ".2f"),
                Column("fast_forward_s", "of which fast-forward s", ".2f"),
                Column("stopped_s", "of which runs stopped early s", ".2f")]
     print(render_table(rows, columns, "capacity searches, one process"))

@@ -8,8 +8,9 @@ the decomposition, SM placement and features of kernels not seen before, and the
 (``StepTimeModel._predict_rest_us``). No step times are read from earlier plans (``SERVESIM_CACHE_DIR`` is set
 empty: servesim/planner/step_store.py). Then it searches every option again with the step-time models the first
 pass filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
-compiled event loop of one vLLM replica (``servesim.serving.vllm_core``, without its hand-backs to Python), the
-decode stretches the Python loop runs without the scheduler (``servesim.serving.fast_forward``: SGLang) and the
+compiled event loop of one vLLM replica (``servesim.serving.compiled_loop``, without its hand-backs to Python), the
+decode stretches the Python loop runs without the scheduler (``servesim.serving.fast_forward``: several replicas,
+data parallelism, prompt identity) and the
 runs that stopped early (a bracketing load whose SLO failure became certain) are timed apart. Prints a row per option and the total.
 """
 
@@ -27,7 +28,7 @@ import servesim.features as features
 import servesim.planner.plan as plan
 import servesim.planner.search as search_module
 import servesim.serving.simulator as simulator
-import servesim.serving.vllm_core as vllm_core
+import servesim.serving.compiled_loop as compiled_loop
 from servesim.cli import main as servesim_main
 from servesim.cli.output import Column, render_table
 from servesim.planner.search import OptionResult, OptionTask, Probe, search_capacity
@@ -81,7 +82,7 @@ def main(plan_args: list[str]) -> None:
     finally:
         plan.search_capacity = search_capacity
     simulator.fast_forward = _timed("fast_forward", simulator.fast_forward)
-    vllm_core._core_loop = _timed("core", vllm_core._core_loop)
+    compiled_loop._core_loop = _timed("core", compiled_loop._core_loop)
     search_module._probe = _timed_if_stopped(search_module._probe)
     rows = []
     for task, steps, result, parts, kernels in searched:

@@ -49,12 +49,12 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("servesim.serving.fast_forward", "_relaunch_loop",
                ("i8", "i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:]", "i8[:]", "f8[:,:]", "f8[:,:]", "f8", "b1"), 0.5,
                "serving"),
-    EntryPoint("servesim.serving.vllm_core", "_core_loop",
-               ("i8[:]", "f8[:]", "i8[:]", "i8[:]", "f8[:]", "i8[:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "i8[:,:]",
+    EntryPoint("servesim.serving.compiled_loop", "_core_loop",
+               ("i8", "i8[:]", "f8[:]", "i8[:]", "i8[:]", "f8[:]", "i8[:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "i8[:,:]",
                 "i8[:,:]", "i8[:,:]", "f8[:]", "i8[:,:]", "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "f8[:]",
-                "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 5.5, "core"),
-    EntryPoint("servesim.serving.vllm_core", "_refile", ("i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:,:]"), 0.3, "core"),
-    EntryPoint("servesim.serving.vllm_core", "_refile_gaps", ("f8[:]", "i8[:]", "f8[:]", "i8[:]"), 0.3, "core"),
+                "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 10.0, "core"),
+    EntryPoint("servesim.serving.compiled_loop", "_refile", ("i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:,:]"), 0.3, "core"),
+    EntryPoint("servesim.serving.compiled_loop", "_refile_gaps", ("f8[:]", "i8[:]", "f8[:]", "i8[:]"), 0.3, "core"),
 )
 
 _LOCK_NAME = "servesim-compile.lock"

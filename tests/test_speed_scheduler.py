@@ -40,7 +40,7 @@ def test_vllm_steps_summarised_as_make_step_would(monkeypatch, workload, memory_
     monkeypatch.setattr(scheduler_vllm.VllmScheduler, "schedule", checked)
     deployment = build_deployment(get_model("llama3-8b"), get_gpu("H100"), Parallelism(1, 1), "vllm",
                                   estimator="roofline", memory_fraction=memory_fraction)
-    # The Python loop (the compiled one serves this replica by default, tests/test_vllm_core.py).
+    # The Python loop (the compiled one serves this replica by default, tests/test_compiled_loop.py).
     result = simulate(deployment, build_workload(workload, 200, seed=1, qps=40), fast_forward_decodes=False)
     assert steps and any(step.prefills and step.num_decodes for step in steps)
     if memory_fraction == SMALL_MEMORY:

@@ -22,7 +22,7 @@ import numpy as np
 
 from servesim.errors import ServesimError
 from servesim.models.config import check_context
-from servesim.serving import vllm_core
+from servesim.serving import compiled_loop
 from servesim.serving.deployment import Deployment
 from servesim.serving.fast_forward import RelaunchBatch, fast_forward
 from servesim.serving.metrics import TOKEN_TIMES_MAX_TOKENS, SimulationResult, StepRecord
@@ -195,8 +195,8 @@ def simulate(
         token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
     requests = RequestLog(workload.output_tokens, token_times, cfg.stream_interval)
     prefix_identity = workload.prefixes is not None and fleet[0].scheduler.cache is not None
-    if fast_forward_decodes and vllm_core.eligible(fleet, workload, prefix_identity):
-        steps = vllm_core.run(fleet[0], workload, requests, tuple(stop_rules), progress)
+    if fast_forward_decodes and compiled_loop.eligible(fleet, workload, prefix_identity):
+        steps = compiled_loop.run(fleet[0], workload, requests, tuple(stop_rules), progress)
     else:
         steps = _run(fleet, workload, requests, make_router(router, seed), fast_forward_decodes,
                      ViolationCounter(stop_rules) if stop_rules else None, progress)

@@ -1,5 +1,5 @@
-"""The compiled event loop of one replica (servesim/serving/compiled_loop.py) gives what the Python loop gives, stepping
-every step through the engine's scheduler: the same requests, tokens, steps, stops and progress reports."""
+"""The compiled event loop of one vLLM replica (servesim/serving/compiled_loop.py) gives what the Python loop gives,
+stepping every step through the scheduler: the same requests, tokens, steps, stops and progress reports."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def step_models():
 def step_model(cache, engine: str, small: bool, front_end: bool, pp: int = 1, **overrides):
     """A deployment and its step-time model (one per configuration, shared across examples); ``front_end`` adds
     API-server costs per request and per prompt token to the release's request latency. With pipeline stages
-    async scheduling is off (neither engine runs it with them)."""
+    async scheduling is off (vLLM runs none with them)."""
     memory = {"memory_fraction": SMALL_MEMORY[pp], "max_num_batched_tokens": 1024} if small else {}
     if pp > 1:
         overrides["async_scheduling"] = False
@@ -89,7 +89,7 @@ workloads = st.integers(1, 30).flatmap(lambda n: st.tuples(
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=workloads, engine=st.sampled_from(["vllm==0.12.0", "vllm==0.15.1", "sglang"]), small=st.booleans(),
+@given(spec=workloads, engine=st.sampled_from(["vllm==0.12.0", "vllm==0.15.1"]), small=st.booleans(),
        front_end=st.booleans(), token_times=st.booleans(), stream_interval=st.sampled_from([1, 3]),
        pp=st.sampled_from([1, 1, 2, 4]))
 def test_compiled_loop_matches_the_python_loop(step_models, spec, engine, small, front_end, token_times,
@@ -102,11 +102,10 @@ def test_compiled_loop_matches_the_python_loop(step_models, spec, engine, small,
     assert_same(compiled, python)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("metric", ["ttft", "tpot", "e2e"])
-def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp, engine):
-    dep, steps = step_model(step_models, engine, False, False, pp)
+def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp):
+    dep, steps = step_model(step_models, "vllm", False, False, pp)
     workload = build_workload("splitwise-conv", 400, qps=40, seed=3)
     median_ms = simulate(dep, workload, step_model=steps).summary()[f"{metric}_p50_ms"]
     rules = (StopRule(f"{metric}_p90", metric, median_ms, 30),)  # half the requests are over it
@@ -115,11 +114,9 @@ def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp,
     assert_same(compiled, python)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("pp", [1, 2])
-def test_preemptions_and_progress_reports_match(step_models, pp, engine):
-    """vLLM preempts the newest running request, SGLang retracts the one with the fewest output tokens."""
-    dep, steps = step_model(step_models, engine, True, False, pp)
+def test_preemptions_and_progress_reports_match(step_models, pp):
+    dep, steps = step_model(step_models, "vllm", True, False, pp)
     workload = build_workload("splitwise-conv", 300, qps=30, seed=1)
     reports = ([], [])
     runs = [simulate(dep, workload, step_model=steps, fast_forward_decodes=fast, progress=calls.append)
@@ -129,14 +126,8 @@ def test_preemptions_and_progress_reports_match(step_models, pp, engine):
     assert reports[0] == reports[1] and reports[0][-1] == len(workload)
 
 
-def test_sglang_receive_interval_matches(step_models):
-    """SGLang's --scheduler-recv-interval: requests wait for the poll in both loops alike."""
-    dep, steps = step_model(step_models, "sglang", False, False, scheduler_recv_interval=10)
-    assert_same(*both(dep, steps, build_workload("splitwise-conv", 300, qps=8, seed=2)))
-
-
-def test_only_one_replica_without_prompt_identity_takes_the_compiled_loop():
-    """Several replicas and prompt identity keep the Python loop; pipeline stages and either engine do not."""
+def test_only_one_plain_vllm_replica_takes_the_compiled_loop():
+    """Several replicas, SGLang and prompt identity keep the Python loop; pipeline stages do not."""
     workload = build_workload("splitwise-conv", 10, qps=1)
     shared = build_workload("chat-shared-prefix", 10, qps=1)
 
@@ -149,4 +140,4 @@ def test_only_one_replica_without_prompt_identity_takes_the_compiled_loop():
     assert not compiled_loop.eligible(fleet(), shared, prefix_identity=True)
     assert not compiled_loop.eligible(fleet(replicas=2), workload, prefix_identity=False)
     assert compiled_loop.eligible(fleet(pp=2), workload, prefix_identity=False)
-    assert compiled_loop.eligible(fleet("sglang"), workload, prefix_identity=False)
+    assert not compiled_loop.eligible(fleet("sglang"), workload, prefix_identity=False)

@@ -1,15 +1,13 @@
-"""The simulator's event loop for one replica, compiled, with the same results.
+"""The simulator's event loop for one vLLM replica, compiled, with the same results.
 
-A capacity search and most ``simulate`` runs serve one replica (vLLM or SGLang, with or without pipeline stages)
-whose workload carries no prompt identity (every probe of ``plan``). There the Python event loop
-(servesim/serving/simulator.py) and the engine's scheduler (servesim/serving/scheduler_vllm.py,
-scheduler_sglang.py) spend a few attribute reads and writes per running request per step, which a busy engine
-multiplies into most of a run. :func:`run` serves such a replica with request state as arrays indexed by request
-id (struct of arrays: computed, generated and held KV units, in flight; the send, arrival, first-scheduled,
-first-token and last-token times), the waiting queue a ring of ids, the running queue an array of ids in order, the
-micro-batches in flight a ring of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time,
-then the order the events were made), all in one compiled loop (:func:`_core_loop`) that follows the Python loop,
-the engine's scheduler (:func:`_schedule`: vLLM; :func:`_schedule_sglang`) and ``finish_step`` operation for
+A capacity search and most ``simulate`` runs serve one vLLM replica (with or without pipeline stages) whose
+workload carries no prompt identity (every probe of ``plan``). There the Python event loop (servesim/serving/simulator.py) and the scheduler
+(servesim/serving/scheduler_vllm.py) spend a few attribute reads and writes per running request per step, which a
+busy engine multiplies into most of a run. :func:`run` serves such a replica with request state as arrays indexed
+by request id (struct of arrays: computed, generated and held KV blocks, in flight; the send, arrival,
+first-scheduled, first-token and last-token times), the waiting queue a ring of ids, the running queue an array of
+ids in order, the micro-batches in flight a ring of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time, then the order the events were made), all in one
+compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and ``finish_step`` operation for
 operation. It hands back to Python only
 
 - for the time of a step with prompt chunks (``step_time_us``: memoised predictions of representative batches),
@@ -22,9 +20,10 @@ Without every token's time kept, it counts the gaps between the chunks a client 
 open-addressing table (a gap is the difference of two step ends, so distinct values are few), which
 ``GapCounter`` then holds as it would have counted them.
 
-Decode steps are timed in the loop from their span, as ``DecodeSpan.at`` does. Several replicas, attention data
-parallelism and prompt identity (the prefix cache's lookups) run the Python loop. tests/test_compiled_loop.py checks
-that both give the same requests, tokens, steps, stops and progress reports.
+Decode steps are timed in the loop from their span, as ``DecodeSpan.at`` does. SGLang, several replicas, attention
+data parallelism and prompt identity (the prefix cache's lookups) run the Python loop: SGLang's scheduler in the
+same loop made vLLM's runs 5 to 10 % slower and its compile twice as long (11.5 s). tests/test_compiled_loop.py
+checks that both loops give the same requests, tokens, steps, stops and progress reports.
 """
 
 from __future__ import annotations
@@ -35,29 +34,26 @@ import numpy as np
 
 from servesim.compiled import jit
 from servesim.kernels.batch import PrefillChunk
-from servesim.serving.scheduler_sglang import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS, SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, Step, StepLog
 from servesim.serving.step_cache import DECODE_BITS, EXACT_BELOW, SPREAD_BITS, decode_span_at, step_time_us
 from servesim.serving.stop import STOP_METRICS, StopRule, StoppedEarly
 from servesim.workloads.request import Workload
 
-# The engine whose scheduler the loop runs.
-_VLLM, _SGLANG = 0, 1
 # Why _core_loop handed back.
 _DONE, _NEED_TIME, _NEED_SPAN, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED, _SPANS_FULL = range(8)
 
 # Integer state (``st``), by index.
 (_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _F_HEAD, _F_COUNT, _PENDING,
- _ANSWERED, _READY, _LAUNCH, _REPORT_AT, _RULE, _SPANS, _KEY_SPAN, _CHUNKED, _RECV_COUNTER) = range(22)
+ _ANSWERED, _READY, _LAUNCH, _REPORT_AT, _RULE, _SPANS, _KEY_SPAN) = range(20)
 # Float state (``sf``), by index; each pipeline stage's free time follows the last.
-_NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _RATIO, _STAGE_FREE = range(8)
+_NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _STAGE_FREE = range(7)
 # Configuration (``cfg_i``, ``cfg_f``), by index.
 (_C_N, _C_SENDS, _C_CLOSED, _C_BUDGET, _C_MAX_SEQS, _C_BLOCK, _C_CAPACITY, _C_CHUNKED, _C_ASYNC, _C_FRONT_END,
- _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP, _C_RECV_INTERVAL) = range(16)
-_F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US, _F_INIT_RATIO, _F_MIN_RATIO, _F_DECAY = range(6)
+ _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP) = range(15)
+_F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US = range(3)
 # Request columns: integers (``req_i``) and times (``req_s``).
-_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS, _IN_FLIGHT, _RECEIVED = range(6)
+_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS, _IN_FLIGHT = range(5)
 _ISSUE, _REACHED, _FIRST_SCHEDULED, _FIRST_TOKEN, _LAST_TOKEN, _LAST_STREAMED = range(6)
 # A micro-batch's summary (``flight_i`` rows): its requests, prompt chunks, decodes, their context and the longest.
 _M_LEN, _M_CHUNKS, _M_DECODES, _M_CONTEXTS, _M_LONGEST = range(5)
@@ -70,9 +66,9 @@ _GAP_SLOTS = 1 << 14
 
 
 def eligible(fleet, workload: Workload, prefix_identity: bool) -> bool:
-    """Whether :func:`run` serves this run: one replica of either engine (no attention data parallelism) and no
-    prompt identity to look up in the prefix cache."""
-    return (len(fleet) == 1 and type(fleet[0].scheduler) in (VllmScheduler, SglangScheduler) and not prefix_identity
+    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism) and no prompt
+    identity to look up in the prefix cache."""
+    return (len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and not prefix_identity
             and len(workload) > 0)
 
 
@@ -85,26 +81,15 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     n, pp = len(workload), replica.pp
     closed = workload.arrival_mode == "closed"
     sends = min(workload.concurrency, n) if closed else n
-    sglang = isinstance(scheduler, SglangScheduler)
-    engine = _SGLANG if sglang else _VLLM
-    # The step budget and request limit: vLLM's token budget, max_num_seqs and blocks; SGLang's chunk size, running
-    # limit and token slots.
-    if sglang:
-        budget, most, unit, chunked = scheduler.chunk_size, scheduler.max_running, 1, True
-        recv = scheduler.recv_interval
-        ratios = (scheduler.init_ratio, scheduler.min_ratio, scheduler.decay)
-    else:
-        budget, most, unit, chunked, recv = (scheduler.token_budget, scheduler.max_num_seqs, scheduler.block_size,
-                                             scheduler.chunked_prefill, 1)
-        ratios = (0.0, 0.0, 0.0)
-    cfg_i = np.array([n, sends, closed, budget, most, unit, scheduler.capacity, chunked, replica.async_scheduling,
+    cfg_i = np.array([n, sends, closed, scheduler.token_budget, scheduler.max_num_seqs, scheduler.block_size,
+                      scheduler.capacity, scheduler.chunked_prefill, replica.async_scheduling,
                       overhead.has_front_end, requests.gaps is None, requests.stream_interval,
-                      max(1, n // 100), progress is not None, pp, recv], dtype=np.int64)
-    cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us, *ratios])
+                      max(1, n // 100), progress is not None, pp], dtype=np.int64)
+    cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us])
     prompt = workload.prompt_tokens.astype(np.int64)
     output = workload.output_tokens.astype(np.int64)
     arrival_s = workload.arrival_s.astype(np.float64)
-    req_i = np.zeros((n, 6), dtype=np.int64)
+    req_i = np.zeros((n, 5), dtype=np.int64)
     req_s = np.full((n, 6), -1.0)
     queues = np.zeros((3, n), dtype=np.int64)  # the waiting ring, the running requests, a step's finished ones
     # The micro-batches in flight, a ring of pp slots: requests, their new tokens, summary, end.
@@ -127,18 +112,17 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     gap_values = np.zeros(0 if requests.gaps is None else _GAP_SLOTS)
     gap_counts = np.zeros(len(gap_values), dtype=np.int64)  # 0: an empty slot
     token_times = requests.token_times_s if requests.gaps is None else np.empty(0)
-    st = np.zeros(22, dtype=np.int64)
+    st = np.zeros(20, dtype=np.int64)
     st[_FREE], st[_SEQ], st[_ISSUED], st[_REPORT_AT] = scheduler.free, sends, sends, min(cfg_i[_C_REPORT_EVERY], n)
-    st[_RULE] = st[_CHUNKED] = -1
+    st[_RULE] = -1
     sf = np.zeros(_STAGE_FREE + pp)
     sf[_ADMIT_BEFORE] = math.inf
-    sf[_RATIO] = ratios[0]
     st[_H_SIZE] = 1  # the first send
     heap_s[0], heap_i[0] = arrival_s[0], (0, 0, -1)
     log = StepLog()
     while True:
-        status = _core_loop(engine, cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s,
-                            queues, flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, span_keys,
+        status = _core_loop(cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s, queues,
+                            flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, span_keys,
                             span_times, answer, rule_i, rule_ms, rows, gap_values, gap_counts, token_times, st, sf)
         if status in (_NEED_TIME, _NEED_SPAN):
             forming = flight_i[(st[_F_HEAD] + st[_F_COUNT]) % pp]
@@ -330,6 +314,8 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
     waiting, running = queues[0], queues[1]
     n, block = cfg_i[_C_N], cfg_i[_C_BLOCK]
     budget = cfg_i[_C_BUDGET]
+    for field in range(len(summary)):
+        summary[field] = 0
     preempted = False
     i = 0
     while i < st[_R_COUNT] and budget > 0:
@@ -352,8 +338,13 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                     got = False
                     break
                 victim = running[at]
-                _remove_running(running, st, victim)
-                _preempt(req_i, st, victim)
+                for j in range(at, st[_R_COUNT] - 1):
+                    running[j] = running[j + 1]
+                st[_R_COUNT] -= 1
+                st[_FREE] += req_i[victim, _KV_HELD]
+                req_i[victim, _KV_HELD] = 0
+                req_i[victim, _COMPUTED] = 0
+                req_i[victim, _PREEMPTIONS] += 1
                 st[_W_HEAD] = (st[_W_HEAD] - 1) % n
                 waiting[st[_W_HEAD]] = victim
                 st[_W_COUNT] += 1
@@ -395,217 +386,22 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
 
 
 @jit
-def _schedule_engine(engine: int, cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-                     req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray,
-                     summary: np.ndarray, chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
-    """The engine's ``schedule``; the step goes to the arrays :func:`_schedule` names."""
-    for field in range(len(summary)):
-        summary[field] = 0
-    if engine == _SGLANG:
-        return _schedule_sglang(cfg_i, cfg_f, prompt, output, req_i, req_s, queues, rids, news, summary, chunks, st,
-                                sf)
-    return _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
-
-
-@jit
-def _remove_running(running: np.ndarray, st: np.ndarray, rid: int) -> None:
-    """Take ``rid`` out of the running requests, the others kept in order."""
-    at = 0
-    while running[at] != rid:
-        at += 1
-    for j in range(at, st[_R_COUNT] - 1):
-        running[j] = running[j + 1]
-    st[_R_COUNT] -= 1
-
-
-@jit
-def _preempt(req_i: np.ndarray, st: np.ndarray, rid: int) -> None:
-    """``Scheduler._preempted``: ``rid`` loses its KV and its progress."""
-    st[_FREE] += req_i[rid, _KV_HELD]
-    req_i[rid, _KV_HELD] = 0
-    req_i[rid, _COMPUTED] = 0
-    req_i[rid, _PREEMPTIONS] += 1
-
-
-@jit
-def _append_waiting(waiting: np.ndarray, st: np.ndarray, n: int, rid: int) -> None:
-    waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = rid
-    st[_W_COUNT] += 1
-
-
-@jit
-def _schedule_sglang(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray,
-                     req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray,
-                     chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
-    """``SglangScheduler.schedule`` without prompt identity: a prefill batch when one can form, else a decode batch
-    (retracting when the pool is short); the new-token ratio in ``sf``, the request part-way through its prompt
-    and the receive counter in ``st``."""
-    waiting = queues[0]
-    n, interval = cfg_i[_C_N], cfg_i[_C_RECV_INTERVAL]
-    if interval > 1:  # _poll
-        if (st[_R_COUNT] == 0 and st[_CHUNKED] < 0) or st[_RECV_COUNTER] >= interval:
-            st[_RECV_COUNTER] = 0
-            for k in range(st[_W_COUNT]):
-                rid = waiting[(st[_W_HEAD] + k) % n]
-                if req_s[rid, _REACHED] <= sf[_ADMIT_BEFORE]:
-                    req_i[rid, _RECEIVED] = 1
-    formed = False
-    if st[_CHUNKED] < 0 or not req_i[st[_CHUNKED], _IN_FLIGHT]:
-        formed = _sglang_prefill(cfg_i, cfg_f, prompt, output, req_i, req_s, queues, rids, news, summary, chunks, st,
-                                 sf)
-    if not formed:
-        formed = _sglang_decode(cfg_i, cfg_f, prompt, output, req_i, queues, rids, news, summary, chunks, st, sf)
-    if not formed and st[_R_COUNT] == 0 and st[_CHUNKED] < 0:
-        sf[_RATIO] = cfg_f[_F_INIT_RATIO]  # an idle server starts estimating afresh
-    return formed
-
-
-@jit
-def _sglang_prefill(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray,
-                    req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray,
-                    chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
-    """``SglangScheduler._prefill_step``."""
-    waiting, running = queues[0], queues[1]
-    n, interval = cfg_i[_C_N], cfg_i[_C_RECV_INTERVAL]
-    if st[_CHUNKED] < 0 and (st[_W_COUNT] == 0 or st[_R_COUNT] >= cfg_i[_C_MAX_SEQS]):  # _no_prefill
-        return False
-    rem_chunk = cfg_i[_C_BUDGET]
-    outputs_max = 0  # _reserved_tokens
-    left = 0
-    clipped = 0
-    for k in range(st[_R_COUNT]):
-        rid = running[k]
-        out, gen = output[rid], req_i[rid, _GENERATED]
-        if out > outputs_max:
-            outputs_max = out
-        left += out - gen
-        clipped += out - gen if out - gen < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
-    rem_total = st[_FREE] - (left if outputs_max <= CLIP_MAX_NEW_TOKENS else clipped) * sf[_RATIO]
-    chunked = st[_CHUNKED]
-    if chunked >= 0:
-        rest = prompt[chunked] + req_i[chunked, _GENERATED] - req_i[chunked, _COMPUTED]
-        new = rest if rest < rem_chunk else rem_chunk
-        if new == rest:  # last chunk: it decodes from the next step on
-            st[_CHUNKED] = -1
-            running[st[_R_COUNT]] = chunked
-            st[_R_COUNT] += 1
-        st[_FREE] -= new
-        req_i[chunked, _KV_HELD] += new
-        computed, generated = req_i[chunked, _COMPUTED], req_i[chunked, _GENERATED]
-        _add_to_step(req_i, rids, news, summary, chunks, chunked, new, computed,
-                     new == 1 and generated > 0 and computed == prompt[chunked] + generated - 1)
-        rem_chunk -= new
-        rem_total -= new
-    while st[_W_COUNT] and rem_chunk > 0 and st[_R_COUNT] + (st[_CHUNKED] >= 0) < cfg_i[_C_MAX_SEQS]:
-        rid = waiting[st[_W_HEAD]]
-        if req_s[rid, _REACHED] > sf[_ADMIT_BEFORE] or (interval > 1 and not req_i[rid, _RECEIVED]):
-            break
-        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
-        extend = prompt[rid] + generated
-        out_left = output[rid] - generated
-        total = extend + (out_left if out_left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
-        if total > rem_total:
-            break
-        st[_W_HEAD] = (st[_W_HEAD] + 1) % n
-        st[_W_COUNT] -= 1
-        if req_s[rid, _FIRST_SCHEDULED] < 0:
-            req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
-        new = extend if extend < rem_chunk else rem_chunk
-        st[_FREE] -= new
-        req_i[rid, _KV_HELD] += new
-        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
-                     new == 1 and generated > 0 and computed == prompt[rid] + generated - 1)
-        rem_chunk -= new
-        rem_total -= total
-        if new < extend:
-            st[_CHUNKED] = rid
-            break
-        running[st[_R_COUNT]] = rid
-        st[_R_COUNT] += 1
-    if summary[_M_LEN] == 0:
-        return False
-    st[_RECV_COUNTER] = interval  # a prefill batch weighs 1000: the next iteration polls
-    return True
-
-
-@jit
-def _sglang_decode(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray,
-                   queues: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray,
-                   st: np.ndarray, sf: np.ndarray) -> bool:
-    """``SglangScheduler._decode_step``: the running requests not in flight, retracted (fewest generated tokens
-    first, ties: longest prompt) while the pool lacks a slot for each."""
-    waiting, running = queues[0], queues[1]
-    count = 0
-    for k in range(st[_R_COUNT]):  # the candidates, in rids until the step is formed
-        if not req_i[running[k], _IN_FLIGHT]:
-            rids[count] = running[k]
-            count += 1
-    if count == 0:
-        return False
-    if st[_FREE] < count:
-        for i in range(1, count):  # a stable sort, descending by (generated, -prompt), as _retract's sort
-            rid = rids[i]
-            j = i - 1
-            while j >= 0 and (req_i[rids[j], _GENERATED] < req_i[rid, _GENERATED] or (
-                    req_i[rids[j], _GENERATED] == req_i[rid, _GENERATED] and prompt[rids[j]] > prompt[rid])):
-                rids[j + 1] = rids[j]
-                j -= 1
-            rids[j + 1] = rid
-        while count > 1:
-            count -= 1
-            victim = rids[count]
-            _remove_running(running, st, victim)
-            _preempt(req_i, st, victim)
-            _append_waiting(waiting, st, cfg_i[_C_N], victim)
-            if st[_FREE] >= count:
-                break
-        decoded = budget = 0
-        for k in range(count):
-            decoded += req_i[rids[k], _GENERATED]
-            budget += output[rids[k]]
-        ratio = (decoded + RETRACT_DECODE_STEPS * count) / budget
-        sf[_RATIO] = ratio if ratio < 1.0 else 1.0
-        if st[_FREE] < count:
-            return False  # what is left waits for micro-batches still in the pipeline
-    else:  # decode_launched
-        ratio = sf[_RATIO] - cfg_f[_F_DECAY]
-        sf[_RATIO] = ratio if ratio >= cfg_f[_F_MIN_RATIO] else cfg_f[_F_MIN_RATIO]
-        interval = cfg_i[_C_RECV_INTERVAL]
-        if interval > 1:
-            counter = st[_RECV_COUNTER] + 1
-            if counter > interval:
-                counter = counter % interval or interval
-            st[_RECV_COUNTER] = counter
-    st[_FREE] -= count
-    for k in range(count):
-        rid = rids[k]
-        req_i[rid, _KV_HELD] += 1
-        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
-        _add_to_step(req_i, rids, news, summary, chunks, rid, 1, computed,
-                     generated > 0 and computed == prompt[rid] + generated - 1)
-    return True
-
-
-@jit
-def _form_step(engine: int, cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-               req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray,
-               summary: np.ndarray, chunks: np.ndarray, st: np.ndarray, sf: np.ndarray) -> bool:
+def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
+               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
+               sf: np.ndarray) -> bool:
     """``_Replica._schedule``: under async scheduling (one stage) the host begins the step while the one before
     runs, and admits only requests that reached the engine by then, unless nothing else would run."""
     now_s = sf[_NOW]
     if not cfg_i[_C_ASYNC]:
-        return _schedule_engine(engine, cfg_i, cfg_f, prompt, output, req_i, req_s, queues, rids, news, summary,
-                                chunks, st, sf)
+        return _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
     earliest_s = sf[_GPU_START] if sf[_STAGE_FREE] >= now_s else now_s
     host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
     sf[_ADMIT_BEFORE] = host_start_s
-    formed = _schedule_engine(engine, cfg_i, cfg_f, prompt, output, req_i, req_s, queues, rids, news, summary, chunks,
-                              st, sf)
+    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
     if not formed and host_start_s < now_s and st[_W_COUNT]:
         sf[_HOST_START] = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
         sf[_ADMIT_BEFORE] = np.inf
-        formed = _schedule_engine(engine, cfg_i, cfg_f, prompt, output, req_i, req_s, queues, rids, news, summary,
-                                  chunks, st, sf)
+        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
     return formed
 
 
@@ -646,16 +442,15 @@ def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, va
 
 
 @jit
-def _core_loop(engine: int, cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-               arrival_s: np.ndarray, token_offsets: np.ndarray, req_i: np.ndarray, req_s: np.ndarray,
-               queues: np.ndarray, flight_rids: np.ndarray, flight_new: np.ndarray, flight_i: np.ndarray,
-               flight_end: np.ndarray, chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray,
-               span_keys: np.ndarray, span_times: np.ndarray, answer: np.ndarray, rule_i: np.ndarray,
-               rule_ms: np.ndarray, rows: np.ndarray, gap_values: np.ndarray, gap_counts: np.ndarray,
-               token_times: np.ndarray, st: np.ndarray, sf: np.ndarray) -> int:
+def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, arrival_s: np.ndarray,
+               token_offsets: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
+               flight_rids: np.ndarray, flight_new: np.ndarray, flight_i: np.ndarray, flight_end: np.ndarray,
+               chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray, span_keys: np.ndarray,
+               span_times: np.ndarray, answer: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray, rows: np.ndarray,
+               gap_values: np.ndarray, gap_counts: np.ndarray, token_times: np.ndarray, st: np.ndarray,
+               sf: np.ndarray) -> int:
     """Run events until the run ends or Python must act (the module docstring says when); returns why. Every
-    array is state that a later call goes on from. ``engine`` (:data:`_VLLM`, :data:`_SGLANG`) picks the
-    scheduler."""
+    array is state that a later call goes on from."""
     n, sends, closed, pp = cfg_i[_C_N], cfg_i[_C_SENDS], cfg_i[_C_CLOSED], cfg_i[_C_PP]
     waiting, running, finished_rids = queues[0], queues[1], queues[2]
     while True:
@@ -723,8 +518,8 @@ def _core_loop(engine: int, cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.nda
             continue
         if st[_LAUNCH]:  # every event of the instant is in: form steps while the pipeline has room
             slot = (st[_F_HEAD] + st[_F_COUNT]) % pp
-            if st[_F_COUNT] < pp and _form_step(engine, cfg_i, cfg_f, prompt, output, req_i, req_s, queues,
-                                                flight_rids[slot], flight_new[slot], flight_i[slot], chunks, st, sf):
+            if st[_F_COUNT] < pp and _form_step(cfg_i, prompt, req_i, req_s, queues, flight_rids[slot],
+                                                flight_new[slot], flight_i[slot], chunks, st, sf):
                 st[_PENDING] = 1
             else:
                 st[_LAUNCH] = 0
@@ -807,7 +602,13 @@ def _core_loop(engine: int, cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.nda
                         return _STOPPED
             for k in range(finished):  # scheduler.release, in step order
                 rid = finished_rids[k]
-                _remove_running(running, st, rid)
+                count = st[_R_COUNT]
+                at = 0
+                while running[at] != rid:
+                    at += 1
+                for j in range(at, count - 1):
+                    running[j] = running[j + 1]
+                st[_R_COUNT] = count - 1
                 st[_FREE] += req_i[rid, _KV_HELD]
                 req_i[rid, _KV_HELD] = 0
                 st[_FINISHED] += 1
@@ -830,4 +631,3 @@ def _core_loop(engine: int, cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.nda
             st[_READY] = 0
         if report:
             return _PROGRESS
-

@@ -27,8 +27,8 @@ from typing import Any
 import servesim.features as features
 import servesim.planner.plan as plan
 import servesim.planner.search as search_module
-import servesim.serving.simulator as simulator
 import servesim.serving.compiled_loop as compiled_loop
+import servesim.serving.simulator as simulator
 from servesim.cli import main as servesim_main
 from servesim.cli.output import Column, render_table
 from servesim.planner.search import OptionResult, OptionTask, Probe, search_capacity

@@ -8,7 +8,8 @@ import sys
 from servesim.precompile import ENTRY_POINTS, balanced_shares
 
 #: Compiles the cold loops, then runs commands that reach every loop (dense and MoE kernels, vLLM and SGLang,
-#: the serving fast path and the compiled vLLM loop) and prints the servesim loops numba still had to compile, and the loops left cold.
+#: the serving fast path and the compiled vLLM loop) and prints the servesim loops numba still had to compile, and
+#: the loops left cold.
 _SCRIPT = """
 import json
 from numba.core import event

@@ -1,12 +1,13 @@
 """The simulator's event loop for one vLLM replica, compiled, with the same results.
 
 A capacity search and most ``simulate`` runs serve one vLLM replica (with or without pipeline stages) whose
-workload carries no prompt identity (every probe of ``plan``). There the Python event loop (servesim/serving/simulator.py) and the scheduler
-(servesim/serving/scheduler_vllm.py) spend a few attribute reads and writes per running request per step, which a
-busy engine multiplies into most of a run. :func:`run` serves such a replica with request state as arrays indexed
-by request id (struct of arrays: computed, generated and held KV blocks, in flight; the send, arrival,
-first-scheduled, first-token and last-token times), the waiting queue a ring of ids, the running queue an array of
-ids in order, the micro-batches in flight a ring of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time, then the order the events were made), all in one
+workload carries no prompt identity (every probe of ``plan``). There the Python event loop
+(servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py) spend a few attribute reads
+and writes per running request per step, which a busy engine multiplies into most of a run. :func:`run` serves
+such a replica with request state as arrays indexed by request id (struct of arrays: computed, generated and held
+KV blocks, in flight; the send, arrival, first-scheduled, first-token and last-token times), the waiting queue a
+ring of ids, the running queue an array of ids in order, the micro-batches in flight a ring of ``pp`` slots and
+the arrivals a binary heap ordered as the Python loop's (time, then the order the events were made), all in one
 compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and ``finish_step`` operation for
 operation. It hands back to Python only
 
@@ -72,10 +73,11 @@ def eligible(fleet, workload: Workload, prefix_identity: bool) -> bool:
             and len(workload) > 0)
 
 
-def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule, ...], progress) -> StepLog:
+def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: tuple[StopRule, ...],
+        progress) -> None:
     """Serve ``workload`` on ``replica`` (a fresh ``_Replica`` that :func:`eligible` accepts) as the simulator's
-    ``_run`` does: records every request in ``requests`` and returns the step log; raises :class:`StoppedEarly`
-    when one of ``rules`` breaks."""
+    ``_run`` does: records every request in ``requests`` and every step in ``log``; raises :class:`StoppedEarly`
+    (with the preemptions so far) when one of ``rules`` breaks."""
     scheduler, step_model = replica.scheduler, replica.step_model
     overhead = step_model.overhead
     n, pp = len(workload), replica.pp
@@ -119,7 +121,6 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     sf[_ADMIT_BEFORE] = math.inf
     st[_H_SIZE] = 1  # the first send
     heap_s[0], heap_i[0] = arrival_s[0], (0, 0, -1)
-    log = StepLog()
     while True:
         status = _core_loop(cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s, queues,
                             flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, span_keys,
@@ -152,7 +153,6 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     if status == _STOPPED:
         rule = rules[int(st[_RULE])]
         stop = StoppedEarly(rule, float(sf[_NOW]))
-        stop.peak_kv_occupancy = float(log.column("kv_used_tokens").max(initial=0)) / scheduler.kv_capacity_tokens
         stop.preemptions = int(req_i[:, _PREEMPTIONS].sum())
         raise stop
     if requests.gaps is not None:
@@ -165,7 +165,6 @@ def run(replica, workload: Workload, requests: RequestLog, rules: tuple[StopRule
     requests.finish_s[:] = req_s[:, _LAST_TOKEN]
     requests.preemptions[:] = req_i[:, _PREEMPTIONS]
     requests.finished = n
-    return log
 
 
 def _grown(keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -286,6 +285,14 @@ def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
 
 
 @jit
+def _drop_running(running: np.ndarray, st: np.ndarray, at: int) -> None:
+    """Take the running request at position ``at`` out, the others kept in order (``list.remove``, ``del``)."""
+    for j in range(at, st[_R_COUNT] - 1):
+        running[j] = running[j + 1]
+    st[_R_COUNT] -= 1
+
+
+@jit
 def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray,
                  rid: int, new: int, computed: int, decode: bool) -> None:
     """Request ``rid`` joins the forming step with ``new`` tokens after its ``computed`` ones: a decode, or a
@@ -338,9 +345,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                     got = False
                     break
                 victim = running[at]
-                for j in range(at, st[_R_COUNT] - 1):
-                    running[j] = running[j + 1]
-                st[_R_COUNT] -= 1
+                _drop_running(running, st, at)
                 st[_FREE] += req_i[victim, _KV_HELD]
                 req_i[victim, _KV_HELD] = 0
                 req_i[victim, _COMPUTED] = 0
@@ -602,13 +607,10 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                         return _STOPPED
             for k in range(finished):  # scheduler.release, in step order
                 rid = finished_rids[k]
-                count = st[_R_COUNT]
                 at = 0
                 while running[at] != rid:
                     at += 1
-                for j in range(at, count - 1):
-                    running[j] = running[j + 1]
-                st[_R_COUNT] = count - 1
+                _drop_running(running, st, at)
                 st[_FREE] += req_i[rid, _KV_HELD]
                 req_i[rid, _KV_HELD] = 0
                 st[_FINISHED] += 1

@@ -9,7 +9,8 @@ its next step). A micro-batch first takes the host overhead (the CPU is
 shared by the micro-batches, one after the other), then passes the stages in turn, waiting for each stage to be
 free. With ``pp = 1`` a step therefore lasts ``StepTime.latency_us``, and with many micro-batches the pipeline
 issues one per bottleneck stage time. Stretches where a replica only relaunches the same decode micro-batches are
-run in one go (servesim/serving/fast_forward.py), with the same results.
+run in one go (servesim/serving/fast_forward.py), with the same results; one vLLM replica without prompt identity
+runs the whole loop compiled (servesim/serving/compiled_loop.py), again with the same results.
 """
 
 from __future__ import annotations
@@ -163,7 +164,9 @@ def simulate(
     Pass the same ``step_model`` (one of this deployment, or of one that differs only in engine settings that
     leave step times alone) to many calls, as a capacity search does: its memo of step times carries over.
     ``seed`` drives the random router; everything else is deterministic. ``fast_forward_decodes=False`` takes
-    every engine step through the scheduler, which is slower and gives the same result. With ``stop_rules`` the
+    every engine step through the Python scheduler, which is slower and gives the same result; otherwise one vLLM
+    replica without prompt identity runs the compiled loop (servesim/serving/compiled_loop.py) and everything
+    else the Python loop with decode stretches fast-forwarded. With ``stop_rules`` the
     run raises :class:`servesim.serving.stop.StoppedEarly` as soon as one of them is known to break.
 
     ``token_times`` keeps every output token's time in the result (``token_times_s``, ``itl_s``,
@@ -195,11 +198,17 @@ def simulate(
         token_times = int(workload.output_tokens.sum()) <= TOKEN_TIMES_MAX_TOKENS
     requests = RequestLog(workload.output_tokens, token_times, cfg.stream_interval)
     prefix_identity = workload.prefixes is not None and fleet[0].scheduler.cache is not None
-    if fast_forward_decodes and compiled_loop.eligible(fleet, workload, prefix_identity):
-        steps = compiled_loop.run(fleet[0], workload, requests, tuple(stop_rules), progress)
-    else:
-        steps = _run(fleet, workload, requests, make_router(router, seed), fast_forward_decodes,
-                     ViolationCounter(stop_rules) if stop_rules else None, progress)
+    steps = StepLog()
+    try:
+        if fast_forward_decodes and compiled_loop.eligible(fleet, workload, prefix_identity):
+            compiled_loop.run(fleet[0], workload, requests, steps, tuple(stop_rules), progress)
+        else:
+            _run(fleet, workload, requests, steps, make_router(router, seed), fast_forward_decodes,
+                 ViolationCounter(stop_rules) if stop_rules else None, progress)
+    except StoppedEarly as stop:
+        kv_used_tokens = steps.column("kv_used_tokens")
+        stop.peak_kv_occupancy = float(kv_used_tokens.max(initial=0)) / fleet[0].scheduler.kv_capacity_tokens
+        raise
     info = {
         "model": model.name, "gpu": gpu.name, "tp": par.tp, "pp": par.pp, "engine": cfg.engine,
         "engine_version": cfg.version, "max_num_batched_tokens": cfg.max_num_batched_tokens,
@@ -214,9 +223,11 @@ def simulate(
     return _result(workload, requests, steps, fleet[0].scheduler.kv_capacity_tokens, info)
 
 
-def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, route, fast_forward_decodes: bool,
-         violations: ViolationCounter | None, progress: Callable[[int], None] | None) -> StepLog:
-    """The event loop. Records every request in ``requests`` as it finishes; returns the step log.
+def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, log: StepLog, route,
+         fast_forward_decodes: bool, violations: ViolationCounter | None,
+         progress: Callable[[int], None] | None) -> None:
+    """The event loop. Records every request in ``requests`` as it finishes and every step in ``log``; a
+    :class:`StoppedEarly` it raises carries the preemptions so far.
 
     Arrivals and step completions wait in two heaps; at equal times arrivals come first, and events of one kind
     in the order they were made. A completion whose step a fast-forward replaced is skipped. With API-server costs
@@ -238,7 +249,6 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
     front_end = fleet[0].step_model.overhead.has_front_end
     completions: list[tuple[float, int, _Replica, Step]] = []
     seq = issued  # tie-breaker: events of one time and kind in the order they were made
-    log = StepLog()
     report_every = max(1, n // 100)
     report_at = min(report_every, n)  # progress is reported once this many requests finished, and at the last
 
@@ -311,11 +321,8 @@ def _run(fleet: Sequence[_Replica], workload: Workload, requests: RequestLog, ro
                         push(replica, fast_forward(replica, horizon_s(replica), log))
                 ready.clear()
     except StoppedEarly as stop:
-        kv_used_tokens = log.column("kv_used_tokens")
-        stop.peak_kv_occupancy = float(kv_used_tokens.max(initial=0)) / fleet[0].scheduler.kv_capacity_tokens
         stop.preemptions = int(requests.preemptions.sum()) + sum(state.preemptions for state in states.values())
         raise
-    return log
 
 
 def _result(workload: Workload, requests: RequestLog, log: StepLog, kv_capacity: int,

@@ -51,9 +51,11 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                "serving"),
     EntryPoint("servesim.serving.compiled_loop", "_core_loop",
                ("i8[:]", "f8[:]", "i8[:]", "i8[:]", "f8[:]", "i8[:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "i8[:,:]",
-                "i8[:,:]", "i8[:,:]", "f8[:]", "i8[:,:]", "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "f8[:]",
-                "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 5.5, "core"),
+                "i8[:,:]", "i8[:,:]", "f8[:]", "i8[:,:]", "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "i8[:,:]",
+                "i8[:]", "f8[:]", "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 5.5,
+               "core"),
     EntryPoint("servesim.serving.compiled_loop", "_refile", ("i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:,:]"), 0.3, "core"),
+    EntryPoint("servesim.serving.compiled_loop", "_store", ("i8[:,:]", "f8[:,:]", "i8[:]", "f8[:]"), 0.3, "core"),
     EntryPoint("servesim.serving.compiled_loop", "_refile_gaps", ("f8[:]", "i8[:]", "f8[:]", "i8[:]"), 0.3, "core"),
 )
 

@@ -126,6 +126,24 @@ def test_preemptions_and_progress_reports_match(step_models, pp):
     assert reports[0] == reports[1] and reports[0][-1] == len(workload)
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+def test_tables_that_start_small_grow_to_the_same_results(step_models, monkeypatch, pp):
+    """The loop's table of step-time parts and its gap table double as they fill; two slots to start with make
+    them grow many times over a run."""
+    monkeypatch.setattr(compiled_loop, "_TABLE_SLOTS", 2)
+    monkeypatch.setattr(compiled_loop, "_GAP_SLOTS", 2)
+    dep, steps = step_model(step_models, "vllm", False, False, pp)
+    workload = build_workload("splitwise-conv", 300, qps=30, seed=2)
+    assert_same(*both(dep, steps, workload))
+
+
+@settings(deadline=None)  # the first call compiles
+@given(st.one_of(st.floats(0, 1e7), st.integers(0, 10**6).map(lambda k: k + 0.5)))
+def test_rounding_a_mixed_step_s_cached_tokens_is_python_s(value):
+    """Equal chunks' cached tokens are rounded as ``round`` does, halves to the even integer."""
+    assert compiled_loop._round_half_even(value) == round(value)
+
+
 def test_only_one_plain_vllm_replica_takes_the_compiled_loop():
     """Several replicas, SGLang and prompt identity keep the Python loop; pipeline stages do not."""
     workload = build_workload("splitwise-conv", 10, qps=1)

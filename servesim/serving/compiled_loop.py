@@ -9,22 +9,25 @@ KV blocks, in flight; the send, arrival, first-scheduled, first-token and last-t
 ring of ids, the running queue an array of ids in order, the micro-batches in flight a ring of ``pp`` slots and
 the arrivals a binary heap ordered as the Python loop's (time, then the order the events were made), all in one
 compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and ``finish_step`` operation for
-operation. It hands back to Python only
+operation. Step times come from one open-addressing table of what they are made of, filled from Python as the
+loop first meets each entry: decode spans by (size, grid context, spread), from which decode steps are timed as
+``DecodeSpan.at`` does, and the parts of a step with prompt chunks (its graph plan, the times outside attention
+and of attention at the corners it is interpolated between, its host and device costs), from which the loop works
+out ``step_cache.step_time_us`` operation for operation (:func:`_mixed_step_time`). It hands back to Python only
 
-- for the time of a step with prompt chunks (``step_time_us``: memoised predictions of representative batches),
-- for the step times of a decode batch whose (size, grid context, spread) it has not met (``decode_span_at``; it
-  keeps the spans it got in an open-addressing table),
-- to pass on a full buffer of step-log rows, to grow its tables, to report progress, and when a stop rule
+- for the table entries it lacks, in the order the Python functions would first ask the step model for them (so
+  the kernel estimator sees the same calls),
+- to pass on a full buffer of step-log rows, to grow its gap table, to report progress, and when a stop rule
   fires.
 
 Without every token's time kept, it counts the gaps between the chunks a client receives by value in another
 open-addressing table (a gap is the difference of two step ends, so distinct values are few), which
 ``GapCounter`` then holds as it would have counted them.
 
-Decode steps are timed in the loop from their span, as ``DecodeSpan.at`` does. SGLang, several replicas, attention
-data parallelism and prompt identity (the prefix cache's lookups) run the Python loop: SGLang's scheduler in the
-same loop made vLLM's runs 5 to 10 % slower and its compile twice as long (11.5 s). tests/test_compiled_loop.py
-checks that both loops give the same requests, tokens, steps, stops and progress reports.
+SGLang, several replicas, attention data parallelism and prompt identity (the prefix cache's lookups) run the
+Python loop: SGLang's scheduler in the same loop made vLLM's runs 5 to 10 % slower and its compile twice as long
+(11.5 s). tests/test_compiled_loop.py checks that both loops give the same requests, tokens, steps, stops and
+progress reports.
 """
 
 from __future__ import annotations
@@ -34,19 +37,29 @@ import math
 import numpy as np
 
 from servesim.compiled import jit
-from servesim.kernels.batch import PrefillChunk
 from servesim.serving.scheduler_vllm import VllmScheduler
-from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, Step, StepLog
-from servesim.serving.step_cache import DECODE_BITS, EXACT_BELOW, SPREAD_BITS, decode_span_at, step_time_us
+from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, StepLog
+from servesim.serving.step_cache import (
+    CHUNK_BITS,
+    COUNT_BITS,
+    DECODE_BITS,
+    EXACT_BELOW,
+    EXACT_COUNT_BELOW,
+    PREFILL_BITS,
+    SPREAD_BITS,
+    decode_span_at,
+    mixed_batch,
+    rest_token_bounds,
+)
 from servesim.serving.stop import STOP_METRICS, StopRule, StoppedEarly
 from servesim.workloads.request import Workload
 
 # Why _core_loop handed back.
-_DONE, _NEED_TIME, _NEED_SPAN, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED, _SPANS_FULL = range(8)
+_DONE, _NEED_ENTRIES, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED = range(6)
 
 # Integer state (``st``), by index.
 (_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _F_HEAD, _F_COUNT, _PENDING,
- _ANSWERED, _READY, _LAUNCH, _REPORT_AT, _RULE, _SPANS, _KEY_SPAN) = range(20)
+ _NEEDS, _READY, _LAUNCH, _REPORT_AT, _RULE) = range(18)
 # Float state (``sf``), by index; each pipeline stage's free time follows the last.
 _NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _STAGE_FREE = range(7)
 # Configuration (``cfg_i``, ``cfg_f``), by index.
@@ -61,9 +74,24 @@ _M_LEN, _M_CHUNKS, _M_DECODES, _M_CONTEXTS, _M_LONGEST = range(5)
 
 #: Step-log rows buffered before they are handed back.
 _ROW_BUFFER = 4096
-#: Slots the tables of decode spans and of gap values start with (each doubles when half full).
-_SPAN_SLOTS = 1 << 12
+#: Slots the table of step-time parts and the table of gap values start with (each doubles when half full).
+_TABLE_SLOTS = 1 << 12
 _GAP_SLOTS = 1 << 14
+# What the table holds, by the first column of a key (0: an empty slot), and what its values are:
+# - a decode span by (decodes, grid context, spread): host overhead and each stage's time at its low context,
+#   their deltas to the next grid context, the span's length;
+# - a mixed step's graph plan by its tokens: the tokens padded, the graph mode (an index of GRAPH_MODES) and the
+#   token counts its time outside attention is interpolated between (``rest_token_bounds``);
+# - each stage's time outside attention by (tokens, requests) (``rest_time_us``);
+# - one layer's attention time of a mixed step's representative batch by ``step_cache``'s key, and the step's
+#   graph launches in each graph mode (``graph_launches``);
+# - a step's device time per layer and host overhead by (requests, graph launches).
+_SPAN, _PLAN, _REST, _ATTENTION, _COST = range(1, 6)
+#: Integers of a key after its kind.
+_KEY_WIDTH = 6
+#: Entries one hand-back may ask for: a step's four interpolation corners.
+_MAX_NEEDS = 4
+GRAPH_MODES = ("none", "piecewise", "full")
 
 
 def eligible(fleet, workload: Workload, prefix_identity: bool) -> bool:
@@ -102,11 +130,12 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     chunks = np.zeros((n, 2), dtype=np.int64)  # the forming step's prompt chunks: new and cached tokens
     heap_s = np.zeros(n + 1)
     heap_i = np.zeros((n + 1, 3), dtype=np.int64)  # tie-breaker, request, where (-1: the client's send)
-    span_keys = np.zeros((_SPAN_SLOTS, 4), dtype=np.int64)  # size (0: empty), grid context, spread, span length
-    # Host overhead and each stage's time at the span's low context, then their deltas to its next grid context:
-    # what the loop gets from Python in ``answer`` (a mixed step's time in its first 1 + pp).
-    span_times = np.zeros((_SPAN_SLOTS, 2 * (pp + 1)))
-    answer = np.zeros(2 * (pp + 1))
+    keys = np.zeros((_TABLE_SLOTS, 1 + _KEY_WIDTH), dtype=np.int64)
+    values = np.zeros((_TABLE_SLOTS, max(2 * pp + 3, 4)))
+    entries = 0
+    need = np.zeros((_MAX_NEEDS, 3 + _KEY_WIDTH), dtype=np.int64)  # a key, then what else Python needs to know
+    answer = np.zeros(pp + 1)  # a mixed step's host overhead and each stage's time
+    layers = np.array(step_model.stage_layers, dtype=np.int64)
     rule_i = np.array([(STOP_METRICS.index(rule.metric), rule.count, 0) for rule in rules],
                       dtype=np.int64).reshape(len(rules), 3)
     rule_ms = np.array([rule.limit_ms for rule in rules])
@@ -123,23 +152,13 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     heap_s[0], heap_i[0] = arrival_s[0], (0, 0, -1)
     while True:
         status = _core_loop(cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s, queues,
-                            flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, span_keys,
-                            span_times, answer, rule_i, rule_ms, rows, gap_values, gap_counts, token_times, st, sf)
-        if status in (_NEED_TIME, _NEED_SPAN):
-            forming = flight_i[(st[_F_HEAD] + st[_F_COUNT]) % pp]
-            decodes, contexts, longest = int(forming[_M_DECODES]), int(forming[_M_CONTEXTS]), int(forming[_M_LONGEST])
-            if status == _NEED_TIME:
-                step = Step((), (), decodes, contexts, longest,
-                            tuple(PrefillChunk(new, cached) for new, cached in chunks[:forming[_M_CHUNKS]].tolist()))
-                overhead_us, stages_us = step_time_us(step_model, step)
-                answer[:pp + 1] = (overhead_us, *stages_us)
-            else:
-                span = decode_span_at(step_model, decodes, contexts // decodes, longest)
-                answer[:] = (span.overhead_us, *span.stage_us, span.overhead_delta_us, *span.stage_delta_us)
-                st[_KEY_SPAN] = span.span  # the loop files it under the key it computed
-            st[_ANSWERED] = 1
-        elif status == _SPANS_FULL:
-            span_keys, span_times = _grown(span_keys, span_times)
+                            flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, keys, values,
+                            need, layers, answer, rule_i, rule_ms, rows, gap_values, gap_counts, token_times, st, sf)
+        if status == _NEED_ENTRIES:
+            for key, row in zip(need[:st[_NEEDS], :1 + _KEY_WIDTH], _entries(step_model, need[:st[_NEEDS]])):
+                if 2 * (entries + 1) > len(keys):
+                    keys, values = _grown(keys, values)
+                entries += _store(keys, values, key, row)
         elif status == _ROWS_FULL:
             log.extend(rows)
             st[_ROWS] = 0
@@ -167,12 +186,40 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     requests.finished = n
 
 
-def _grown(keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The span table with twice the slots, every span filed again."""
-    new_keys = np.zeros((2 * len(keys), 4), dtype=np.int64)
-    new_times = np.zeros((2 * len(keys), times.shape[1]))
-    _refile(keys, times, new_keys, new_times)
-    return new_keys, new_times
+def _entries(step_model, need: np.ndarray) -> list[np.ndarray]:
+    """The values of the table entries ``need`` asks for (rows of one kind, in the order the Python loop's
+    ``step_time_us`` or ``decode_span_at`` would first ask the step model for them)."""
+    kind = need[0, 0]
+    if kind == _SPAN:
+        decodes, contexts, longest = int(need[0, 1]), int(need[0, 7]), int(need[0, 8])
+        span = decode_span_at(step_model, decodes, contexts // decodes, longest)
+        return [np.array([span.overhead_us, *span.stage_us, span.overhead_delta_us, *span.stage_delta_us,
+                          span.span])]
+    if kind == _PLAN:
+        plan = step_model.graph_plan(int(need[0, 1]), False)
+        return [np.array([plan.padded_tokens, GRAPH_MODES.index(plan.mode),
+                          *rest_token_bounds(step_model, plan.padded_tokens, plan.mode)], dtype=np.float64)]
+    if kind == _REST:
+        return [np.array(step_model.rest_time_us(tokens, requests, False))
+                for tokens, requests in need[:, 1:3].tolist()]
+    if kind == _ATTENTION:
+        corners = [tuple(key) for key in need[:, 1:1 + _KEY_WIDTH].tolist()]
+        memo = step_model.mixed_attention
+        missing = [corner for corner in dict.fromkeys(corners) if corner not in memo]
+        if missing:
+            memo.update(zip(missing, step_model.layer_attentions_us([mixed_batch(*corner) for corner in missing])))
+        return [np.array([memo[corner][0], *(step_model.graph_launches(memo[corner][1], mode)
+                                             for mode in GRAPH_MODES)]) for corner in corners]
+    return [np.array([step_model.layer_device_us(requests), step_model.overhead.step_overhead_us(requests, launches)])
+            for requests, launches in need[:, 1:3].tolist()]
+
+
+def _grown(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The table with twice the slots, every entry filed again."""
+    new_keys = np.zeros((2 * len(keys), keys.shape[1]), dtype=np.int64)
+    new_values = np.zeros((2 * len(keys), values.shape[1]))
+    _refile(keys, values, new_keys, new_values)
+    return new_keys, new_values
 
 
 def _grown_gaps(values_s: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -202,25 +249,50 @@ def _refile_gaps(values_s: np.ndarray, counts: np.ndarray, new_values_s: np.ndar
 
 
 @jit
-def _slot(keys: np.ndarray, size: int, low: int, spread: int) -> int:
-    """The slot of key (size, low, spread) in the span table: where it is, or the empty one where it would go
-    (linear probing from a hash of the key)."""
+def _find(keys: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int, k4: int, k5: int) -> int:
+    """The slot of a key in the table: where it is, or the empty one where it would go (linear probing from a hash
+    of the key)."""
     mask = len(keys) - 1
-    slot = (size * 1000003 ^ low * 10007 ^ spread * 101) & mask
-    while keys[slot, 0] != 0 and not (keys[slot, 0] == size and keys[slot, 1] == low and keys[slot, 2] == spread):
+    slot = ((((((kind * 1000003 ^ k0) * 1000003 ^ k1) * 1000003 ^ k2) * 1000003 ^ k3) * 1000003 ^ k4) * 1000003
+            ^ k5) & mask
+    while keys[slot, 0] != 0 and not (keys[slot, 0] == kind and keys[slot, 1] == k0 and keys[slot, 2] == k1
+                                      and keys[slot, 3] == k2 and keys[slot, 4] == k3 and keys[slot, 5] == k4
+                                      and keys[slot, 6] == k5):
         slot = (slot + 1) & mask
     return slot
 
 
 @jit
-def _refile(keys: np.ndarray, times: np.ndarray, new_keys: np.ndarray, new_times: np.ndarray) -> None:
+def _store(keys: np.ndarray, values: np.ndarray, key: np.ndarray, row: np.ndarray) -> int:
+    """Files ``row`` under ``key`` (kind, then the key) unless the table has it; returns the entries added."""
+    slot = _find(keys, key[0], key[1], key[2], key[3], key[4], key[5], key[6])
+    if keys[slot, 0] != 0:
+        return 0
+    for column in range(len(key)):
+        keys[slot, column] = key[column]
+    for column in range(len(row)):
+        values[slot, column] = row[column]
+    return 1
+
+
+@jit
+def _refile(keys: np.ndarray, values: np.ndarray, new_keys: np.ndarray, new_values: np.ndarray) -> None:
     for old in range(len(keys)):
         if keys[old, 0] != 0:
-            slot = _slot(new_keys, keys[old, 0], keys[old, 1], keys[old, 2])
-            for column in range(keys.shape[1]):
-                new_keys[slot, column] = keys[old, column]
-            for column in range(times.shape[1]):
-                new_times[slot, column] = times[old, column]
+            _store(new_keys, new_values, keys[old], values[old])
+
+
+@jit
+def _entry(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int,
+           k4: int, k5: int) -> int:
+    """The slot of a key the table has, else -1 with the key added to what the loop will ask Python for."""
+    slot = _find(keys, kind, k0, k1, k2, k3, k4, k5)
+    if keys[slot, 0] != 0:
+        return slot
+    row = need[st[_NEEDS]]
+    row[0], row[1], row[2], row[3], row[4], row[5], row[6] = kind, k0, k1, k2, k3, k4, k5
+    st[_NEEDS] += 1
+    return -1
 
 
 @jit
@@ -447,13 +519,142 @@ def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, va
 
 
 @jit
+def _round_to_grid(value: int, bits: int) -> int:
+    """``step_cache._round_to_grid``."""
+    step = _grid_step(value, bits)
+    return (value + step // 2) // step * step
+
+
+@jit
+def _grid_bounds(value: float, bits: int, exact_below: int) -> tuple[int, int]:
+    """``step_cache.grid_bounds``."""
+    whole = int(value)
+    step = 1 if whole < exact_below else _grid_step(whole, bits)
+    low = whole // step * step
+    return low, low if low == value else low + step
+
+
+@jit
+def _weight(value: float, low: int, high: int) -> float:
+    """``step_cache._weight``."""
+    return (value - low) / (high - low) if high > low else 0.0
+
+
+@jit
+def _round_half_even(value: float) -> int:
+    """Python's ``round`` of a float: to the nearest integer, halves to the even one."""
+    low = int(math.floor(value))
+    fraction = value - low
+    return low + 1 if fraction > 0.5 or (fraction == 0.5 and low % 2 == 1) else low
+
+
+@jit
+def _lerp_in(values: np.ndarray, low_slot: int, high_slot: int, column: int, weight: float) -> float:
+    """``step_cache._lerp`` of one column of two table entries (the high one only read when ``weight`` is not
+    0)."""
+    low = values[low_slot, column]
+    return low if weight == 0.0 else low + weight * (values[high_slot, column] - low)
+
+
+@jit
+def _bilinear_in(values: np.ndarray, slots: tuple[int, int, int, int], column: int, x_weight: float,
+                 y_weight: float) -> float:
+    """``step_cache._bilinear`` of one column of the table entries at corners (x low, y low), (x high, y low),
+    (x low, y high), (x high, y high)."""
+    low = _lerp_in(values, slots[0], slots[1], column, x_weight)
+    if y_weight == 0.0:
+        return low
+    return low + y_weight * (_lerp_in(values, slots[2], slots[3], column, x_weight) - low)
+
+
+@jit
+def _corner(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int,
+            x: int, y: int) -> int:
+    """:func:`_entry` of corner (``x``, ``y``) after keys ``k0``-``k3``; of the time outside attention, of
+    (x, min(y, x)) alone (``step_cache.step_time_us``: no more requests than tokens)."""
+    if kind == _REST:
+        return _entry(keys, need, st, kind, x, min(y, x), 0, 0, 0, 0)
+    return _entry(keys, need, st, kind, k0, k1, k2, k3, x, y)
+
+
+@jit
+def _corners(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int,
+             x_low: int, x_high: int, y_low: int, y_high: int, x_weight: float, y_weight: float
+             ) -> tuple[int, int, int, int]:
+    """The slots of the corners :func:`_bilinear_in` reads, those of zero weight not asked for (slot 0); each
+    missing one is added to ``need``, in the order ``step_cache._bilinear`` asks for them."""
+    low_low = _corner(keys, need, st, kind, k0, k1, k2, k3, x_low, y_low)
+    high_low = _corner(keys, need, st, kind, k0, k1, k2, k3, x_high, y_low) if x_weight != 0.0 else 0
+    low_high = _corner(keys, need, st, kind, k0, k1, k2, k3, x_low, y_high) if y_weight != 0.0 else 0
+    high_high = (_corner(keys, need, st, kind, k0, k1, k2, k3, x_high, y_high)
+                 if x_weight != 0.0 and y_weight != 0.0 else 0)
+    return low_low, high_low, low_high, high_high
+
+
+@jit
+def _mixed_step_time(pp: int, layers: np.ndarray, chunks: np.ndarray, summary: np.ndarray, keys: np.ndarray,
+                     values: np.ndarray, need: np.ndarray, st: np.ndarray, answer: np.ndarray) -> bool:
+    """``step_cache.step_time_us`` of the forming step (it has prompt chunks), host overhead and each stage's time
+    into ``answer``, from the entries of the table; or False with the entries it lacks in ``need``: those of the
+    first kind it lacks, in the order the Python function first asks the step model for them."""
+    decodes, prefills = summary[_M_DECODES], summary[_M_CHUNKS]
+    requests, tokens, squares, weighted = decodes + prefills, decodes, 0, 0
+    for chunk in range(prefills):
+        new, cached = chunks[chunk, 0], chunks[chunk, 1]
+        tokens += new
+        squares += new * new
+        weighted += new * cached
+    st[_NEEDS] = 0
+    plan = _entry(keys, need, st, _PLAN, tokens, 0, 0, 0, 0, 0)
+    if plan < 0:
+        return False
+    padded, mode = int(values[plan, 0]), int(values[plan, 1])
+    token_low, token_high = int(values[plan, 2]), int(values[plan, 3])
+    request_low, request_high = _grid_bounds(float(requests), COUNT_BITS, EXACT_COUNT_BELOW)
+    token_weight = _weight(float(padded), token_low, token_high)
+    request_weight = _weight(float(requests), request_low, request_high)
+    rest = _corners(keys, need, st, _REST, 0, 0, 0, 0, token_low, token_high, request_low, request_high,
+                    token_weight, request_weight)
+    if st[_NEEDS]:
+        return False
+    # The attention of equal chunks (step_cache.equal_chunks) beside the decodes.
+    mean_context = summary[_M_CONTEXTS] // decodes if decodes else 0
+    context = mean_context if mean_context <= EXACT_BELOW else _round_to_grid(mean_context, PREFILL_BITS)
+    spread = _round_to_grid(summary[_M_LONGEST] - mean_context, SPREAD_BITS) if decodes else 0
+    if prefills == 1:
+        new_tokens, cached_tokens = float(chunks[0, 0]), float(chunks[0, 1])
+    else:
+        new_tokens = math.sqrt(squares / prefills)
+        cached_tokens = weighted / (prefills * new_tokens)
+    cached = _round_half_even(cached_tokens)
+    cached = cached if cached <= EXACT_BELOW else _round_to_grid(cached, PREFILL_BITS)
+    chunk_low, chunk_high = _grid_bounds(new_tokens, CHUNK_BITS, EXACT_BELOW)
+    count_low, count_high = _grid_bounds(float(decodes), COUNT_BITS, EXACT_COUNT_BELOW)
+    chunk_weight = _weight(new_tokens, chunk_low, chunk_high)
+    count_weight = _weight(float(decodes), count_low, count_high)
+    attention = _corners(keys, need, st, _ATTENTION, prefills, cached, context, spread, chunk_low, chunk_high,
+                         count_low, count_high, chunk_weight, count_weight)
+    if st[_NEEDS]:
+        return False
+    attention_us = _bilinear_in(values, attention, 0, chunk_weight, count_weight)
+    cost = _entry(keys, need, st, _COST, requests, int(values[attention[0], 1 + mode]), 0, 0, 0, 0)
+    if cost < 0:
+        return False
+    answer[0] = values[cost, 1]  # StepTimeModel.compose
+    for stage in range(pp):
+        answer[1 + stage] = (_bilinear_in(values, rest, stage, token_weight, request_weight)
+                             + layers[stage] * (attention_us + values[cost, 0]))
+    return True
+
+
+@jit
 def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, arrival_s: np.ndarray,
                token_offsets: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
                flight_rids: np.ndarray, flight_new: np.ndarray, flight_i: np.ndarray, flight_end: np.ndarray,
-               chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray, span_keys: np.ndarray,
-               span_times: np.ndarray, answer: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray, rows: np.ndarray,
-               gap_values: np.ndarray, gap_counts: np.ndarray, token_times: np.ndarray, st: np.ndarray,
-               sf: np.ndarray) -> int:
+               chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray, keys: np.ndarray, values: np.ndarray,
+               need: np.ndarray, layers: np.ndarray, answer: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray,
+               rows: np.ndarray, gap_values: np.ndarray, gap_counts: np.ndarray, token_times: np.ndarray,
+               st: np.ndarray, sf: np.ndarray) -> int:
     """Run events until the run ends or Python must act (the module docstring says when); returns why. Every
     array is state that a later call goes on from."""
     n, sends, closed, pp = cfg_i[_C_N], cfg_i[_C_SENDS], cfg_i[_C_CLOSED], cfg_i[_C_PP]
@@ -472,26 +673,18 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 distance = summary[_M_LONGEST] - context
                 grid = _grid_step(distance, SPREAD_BITS)
                 spread = (distance + grid // 2) // grid * grid
-                at = _slot(span_keys, num_decodes, low, spread)
-                if span_keys[at, 0] == 0:
-                    if not st[_ANSWERED]:
-                        return _NEED_SPAN
-                    if 2 * (st[_SPANS] + 1) > len(span_keys):
-                        return _SPANS_FULL
-                    span_keys[at, 0], span_keys[at, 1], span_keys[at, 2] = num_decodes, low, spread
-                    span_keys[at, 3] = st[_KEY_SPAN]
-                    for column in range(len(answer)):  # element by element: a slice assignment compiles slowly
-                        span_times[at, column] = answer[column]
-                    st[_SPANS] += 1
-                    st[_ANSWERED] = 0
-                times = span_times[at]
-                weight = 0.0 if context == low else (context - low) / span_keys[at, 3]  # DecodeSpan.at
+                st[_NEEDS] = 0
+                at = _entry(keys, need, st, _SPAN, num_decodes, low, spread, 0, 0, 0)
+                if at < 0:
+                    need[0, 7], need[0, 8] = summary[_M_CONTEXTS], summary[_M_LONGEST]
+                    return _NEED_ENTRIES
+                times = values[at]
+                weight = 0.0 if context == low else (context - low) / times[2 * pp + 2]  # DecodeSpan.at
             else:
-                if not st[_ANSWERED]:
-                    return _NEED_TIME
+                if not _mixed_step_time(pp, layers, chunks, summary, keys, values, need, st, answer):
+                    return _NEED_ENTRIES
                 times = answer
                 weight = 0.0
-                st[_ANSWERED] = 0
             overhead_us = times[0] if weight == 0.0 else times[0] + weight * times[pp + 1]
             now_s = sf[_NOW]
             if cfg_i[_C_ASYNC]:  # _Replica.occupy_async (one stage)

@@ -176,14 +176,14 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
                for chunk_tokens in chunk_bounds[:2 if chunk_weight else 1]]
     missing = [corner for corner in corners if corner not in memo]
     if missing:
-        memo.update(zip(missing, step_model.layer_attentions_us([_mixed_batch(*corner) for corner in missing])))
+        memo.update(zip(missing, step_model.layer_attentions_us([mixed_batch(*corner) for corner in missing])))
     (attention_us,) = _bilinear(lambda chunk_tokens, count: memo[shape + (chunk_tokens, count)][:1], chunk_bounds,
                                 chunk_weight, count_bounds, count_weight)
     time = step_model.compose(rest_us, attention_us, memo[corners[0]][1], requests, plan.mode)
     return time.overhead_us, time.stage_us
 
 
-def _mixed_batch(prefills: int, cached: int, context: int, spread: int, chunk_tokens: int, count: int) -> BatchSpec:
+def mixed_batch(prefills: int, cached: int, context: int, spread: int, chunk_tokens: int, count: int) -> BatchSpec:
     """The representative batch of a mixed step: ``prefills`` equal chunks of ``chunk_tokens`` new tokens after
     ``cached`` ones, and ``count`` decodes at mean context ``context``, the longest ``spread`` above it."""
     return BatchSpec((PrefillChunk(chunk_tokens, cached),) * prefills, representative_decodes(count, context, spread))

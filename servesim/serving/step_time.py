@@ -114,7 +114,8 @@ class StepTimeModel:
         self.moe_backend = deployment.moe_backend
         self.capture_tokens = deployment.cudagraph_capture_tokens
         self._traits = gpu_traits(gpu, self._engine.name, par.attention_tp)
-        self._stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
+        #: Each pipeline stage's number of layers.
+        self.stage_layers = tuple(len(stage_layers(model.num_layers, par.pp, stage)) for stage in range(par.pp))
         self._stage_alike = _alike_stages(model, par.pp)
         self._kernel_us: dict[Kernel, float] = {}
         self._collective_us: dict[tuple[Collective, bool], float] = {}
@@ -289,14 +290,23 @@ class StepTimeModel:
                 num_requests: int, graph_mode: str) -> StepTime:
         """A step's time from its parts: each stage's time outside attention, one layer's attention time and
         kernel count, the requests (host overhead, and the device time the kernels leave out, spread over the
-        stages by their layers) and the graph mode (graph launches: one per stage for a full graph; for a piecewise
-        one, one per attention call plus one per stage)."""
-        device_us = self.overhead.device_overhead_us(num_requests) / self.model.num_layers
+        stages by their layers: :meth:`layer_device_us`) and the graph mode (:meth:`graph_launches`)."""
+        device_us = self.layer_device_us(num_requests)
         stage_us = tuple(rest + layers * (attention_us + device_us)
-                         for rest, layers in zip(rest_stage_us, self._stage_layers))
-        launches = {"none": 0, "full": self.par.pp,
-                    "piecewise": round(attention_kernels * sum(self._stage_layers)) + self.par.pp}[graph_mode]
-        return StepTime(stage_us, self.overhead.step_overhead_us(num_requests, launches))
+                         for rest, layers in zip(rest_stage_us, self.stage_layers))
+        return StepTime(stage_us, self.overhead.step_overhead_us(num_requests,
+                                                                 self.graph_launches(attention_kernels, graph_mode)))
+
+    def layer_device_us(self, num_requests: int) -> float:
+        """The device time per layer that a step of ``num_requests`` requests spends outside its kernels."""
+        return self.overhead.device_overhead_us(num_requests) / self.model.num_layers
+
+    def graph_launches(self, attention_kernels: float, graph_mode: str) -> int:
+        """CUDA-graph launches of a step in ``graph_mode`` whose layers launch ``attention_kernels`` attention
+        kernels each: one per stage for a full graph; for a piecewise one, one per attention call plus one per
+        stage; none for an eager step."""
+        return {"none": 0, "full": self.par.pp,
+                "piecewise": round(attention_kernels * sum(self.stage_layers)) + self.par.pp}[graph_mode]
 
     def _step_time_us(self, batch: BatchSpec) -> StepTime:
         rest_us = self.rest_time_us(batch.num_tokens, batch.num_requests, batch.is_decode_only)

@@ -21,6 +21,7 @@ import sys
 import numba
 import numpy as np
 from numba.core import event as _numba_event
+from numba.extending import register_jitable
 
 #: The line shown before the loops compile. The time is what a first run took on 2 cores.
 COMPILE_NOTICE = "servesim: compiling its inner loops for this machine (first run only, ~11 s on 2 cores)..."
@@ -104,6 +105,11 @@ _numba_event.register("numba:compile", _CompileListener())
 #: Decorator for the compiled loops: no Python objects inside, cached on disk; a division by zero gives inf or NaN as
 #: in numpy rather than raising.
 jit = numba.njit(cache=True, error_model="numpy")
+#: Decorator for a helper that only compiled loops call: compiled into each loop that calls it, once for its
+#: arguments' types. numba compiles a ``jit`` function called with constants once per combination of their values
+#: (a key's kind and its unused zeros made seven copies of the serving loop's table lookup, 3 s of a first run);
+#: this one also needs no Python wrapper and no cache files of its own. Called from Python it runs as plain Python.
+inner = register_jitable(error_model="numpy")
 #: Decorator for an element-wise function of two float64 values, compiled as a numpy ufunc: it broadcasts over arrays
 #: when numpy code calls it and takes two floats inside the compiled loops, so both share one formula.
 binary_ufunc = numba.vectorize(["float64(float64, float64)"], cache=True)

@@ -137,7 +137,6 @@ def test_tables_that_start_small_grow_to_the_same_results(step_models, monkeypat
     assert_same(*both(dep, steps, workload))
 
 
-@settings(deadline=None)  # the first call compiles
 @given(st.one_of(st.floats(0, 1e7), st.integers(0, 10**6).map(lambda k: k + 0.5)))
 def test_rounding_a_mixed_step_s_cached_tokens_is_python_s(value):
     """Equal chunks' cached tokens are rounded as ``round`` does, halves to the even integer."""

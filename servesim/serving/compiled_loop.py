@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from servesim.compiled import jit
+from servesim.compiled import inner, jit
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, StepLog
 from servesim.serving.step_cache import (
@@ -230,7 +230,7 @@ def _grown_gaps(values_s: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, n
     return new_values_s, new_counts
 
 
-@jit
+@inner
 def _gap_slot(values_s: np.ndarray, counts: np.ndarray, gap_s: float) -> int:
     """The slot of ``gap_s`` in the gap table: where it is counted, or the empty one where it would go."""
     mask = len(values_s) - 1
@@ -248,7 +248,7 @@ def _refile_gaps(values_s: np.ndarray, counts: np.ndarray, new_values_s: np.ndar
             new_values_s[slot], new_counts[slot] = values_s[old], counts[old]
 
 
-@jit
+@inner
 def _find(keys: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int, k4: int, k5: int) -> int:
     """The slot of a key in the table: where it is, or the empty one where it would go (linear probing from a hash
     of the key)."""
@@ -282,7 +282,7 @@ def _refile(keys: np.ndarray, values: np.ndarray, new_keys: np.ndarray, new_valu
             _store(new_keys, new_values, keys[old], values[old])
 
 
-@jit
+@inner
 def _entry(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int,
            k4: int, k5: int) -> int:
     """The slot of a key the table has, else -1 with the key added to what the loop will ask Python for."""
@@ -295,7 +295,7 @@ def _entry(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: in
     return -1
 
 
-@jit
+@inner
 def _bit_length(value: int) -> int:
     bits = 0
     while value:
@@ -304,26 +304,26 @@ def _bit_length(value: int) -> int:
     return bits
 
 
-@jit
+@inner
 def _grid_step(tokens: int, bits: int) -> int:
     """servesim/serving/step_cache.py's ``_grid_step``."""
     shift = _bit_length(tokens) - bits
     return 1 << (shift if shift > 0 else 0)
 
 
-@jit
+@inner
 def _heap_less(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> bool:
     return heap_s[a] < heap_s[b] or (heap_s[a] == heap_s[b] and heap_i[a, 0] < heap_i[b, 0])
 
 
-@jit
+@inner
 def _heap_swap(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> None:
     heap_s[a], heap_s[b] = heap_s[b], heap_s[a]
     for column in range(3):
         heap_i[a, column], heap_i[b, column] = heap_i[b, column], heap_i[a, column]
 
 
-@jit
+@inner
 def _heap_push(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray, time_s: float, tie: int, rid: int,
                where: int) -> None:
     at = st[_H_SIZE]
@@ -337,7 +337,7 @@ def _heap_push(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray, time_s: f
         at = parent
 
 
-@jit
+@inner
 def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
     """Drop the first event (read it from slot 0 before)."""
     last = st[_H_SIZE] - 1
@@ -356,7 +356,7 @@ def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
         at = child
 
 
-@jit
+@inner
 def _drop_running(running: np.ndarray, st: np.ndarray, at: int) -> None:
     """Take the running request at position ``at`` out, the others kept in order (``list.remove``, ``del``)."""
     for j in range(at, st[_R_COUNT] - 1):
@@ -364,7 +364,7 @@ def _drop_running(running: np.ndarray, st: np.ndarray, at: int) -> None:
     st[_R_COUNT] -= 1
 
 
-@jit
+@inner
 def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray,
                  rid: int, new: int, computed: int, decode: bool) -> None:
     """Request ``rid`` joins the forming step with ``new`` tokens after its ``computed`` ones: a decode, or a
@@ -383,7 +383,7 @@ def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary:
         summary[_M_CHUNKS] += 1
 
 
-@jit
+@inner
 def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
               sf: np.ndarray) -> bool:
@@ -462,7 +462,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
     return summary[_M_LEN] > 0
 
 
-@jit
+@inner
 def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
                rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
                sf: np.ndarray) -> bool:
@@ -482,7 +482,7 @@ def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: 
     return formed
 
 
-@jit
+@inner
 def _emit(cfg_i: np.ndarray, output: np.ndarray, token_offsets: np.ndarray, req_s: np.ndarray,
           token_times: np.ndarray, rid: int, index: int, now_s: float) -> float:
     """Token ``index`` of request ``rid`` is sampled at ``now_s``: kept, or, when it ends a chunk the client
@@ -498,7 +498,7 @@ def _emit(cfg_i: np.ndarray, output: np.ndarray, token_offsets: np.ndarray, req_
     return -1.0
 
 
-@jit
+@inner
 def _count_gaps(gap_values: np.ndarray, gap_counts: np.ndarray, st: np.ndarray, gap_s: float, count: int) -> None:
     slot = _gap_slot(gap_values, gap_counts, gap_s)
     if gap_counts[slot] == 0:
@@ -507,7 +507,7 @@ def _count_gaps(gap_values: np.ndarray, gap_counts: np.ndarray, st: np.ndarray, 
     gap_counts[slot] += count
 
 
-@jit
+@inner
 def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, value_s: float) -> bool:
     """``ViolationCounter._over``: whether the rule reached its count."""
     if value_s * 1e3 > rule_ms[rule]:
@@ -518,14 +518,14 @@ def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, va
     return False
 
 
-@jit
+@inner
 def _round_to_grid(value: int, bits: int) -> int:
     """``step_cache._round_to_grid``."""
     step = _grid_step(value, bits)
     return (value + step // 2) // step * step
 
 
-@jit
+@inner
 def _grid_bounds(value: float, bits: int, exact_below: int) -> tuple[int, int]:
     """``step_cache.grid_bounds``."""
     whole = int(value)
@@ -534,13 +534,13 @@ def _grid_bounds(value: float, bits: int, exact_below: int) -> tuple[int, int]:
     return low, low if low == value else low + step
 
 
-@jit
+@inner
 def _weight(value: float, low: int, high: int) -> float:
     """``step_cache._weight``."""
     return (value - low) / (high - low) if high > low else 0.0
 
 
-@jit
+@inner
 def _round_half_even(value: float) -> int:
     """Python's ``round`` of a float: to the nearest integer, halves to the even one."""
     low = int(math.floor(value))
@@ -548,7 +548,7 @@ def _round_half_even(value: float) -> int:
     return low + 1 if fraction > 0.5 or (fraction == 0.5 and low % 2 == 1) else low
 
 
-@jit
+@inner
 def _lerp_in(values: np.ndarray, low_slot: int, high_slot: int, column: int, weight: float) -> float:
     """``step_cache._lerp`` of one column of two table entries (the high one only read when ``weight`` is not
     0)."""
@@ -556,7 +556,7 @@ def _lerp_in(values: np.ndarray, low_slot: int, high_slot: int, column: int, wei
     return low if weight == 0.0 else low + weight * (values[high_slot, column] - low)
 
 
-@jit
+@inner
 def _bilinear_in(values: np.ndarray, slots: tuple[int, int, int, int], column: int, x_weight: float,
                  y_weight: float) -> float:
     """``step_cache._bilinear`` of one column of the table entries at corners (x low, y low), (x high, y low),
@@ -567,7 +567,7 @@ def _bilinear_in(values: np.ndarray, slots: tuple[int, int, int, int], column: i
     return low + y_weight * (_lerp_in(values, slots[2], slots[3], column, x_weight) - low)
 
 
-@jit
+@inner
 def _corner(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int,
             x: int, y: int) -> int:
     """:func:`_entry` of corner (``x``, ``y``) after keys ``k0``-``k3``; of the time outside attention, of
@@ -577,7 +577,7 @@ def _corner(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: i
     return _entry(keys, need, st, kind, k0, k1, k2, k3, x, y)
 
 
-@jit
+@inner
 def _corners(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: int, k1: int, k2: int, k3: int,
              x_low: int, x_high: int, y_low: int, y_high: int, x_weight: float, y_weight: float
              ) -> tuple[int, int, int, int]:
@@ -591,7 +591,7 @@ def _corners(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: 
     return low_low, high_low, low_high, high_high
 
 
-@jit
+@inner
 def _mixed_step_time(pp: int, layers: np.ndarray, chunks: np.ndarray, summary: np.ndarray, keys: np.ndarray,
                      values: np.ndarray, need: np.ndarray, st: np.ndarray, answer: np.ndarray) -> bool:
     """``step_cache.step_time_us`` of the forming step (it has prompt chunks), host overhead and each stage's time

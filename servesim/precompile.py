@@ -1,13 +1,15 @@
-"""Compiles servesim's loops on several cores at once when the disk cache is cold (the first run after an install).
+"""Compiles servesim's loops on several cores at once when the disk cache is cold (as ``pip install .`` builds the
+package, or on an editable install's first run).
 
 numba compiles a loop the first time Python calls it, one loop after another on one core: about 20 s of a first
 command on the 2-core development machine (docs/performance.md). Nothing but the order of calls makes that serial:
 each loop that Python calls (a loop called only from other loops compiles with its caller) can be compiled ahead
 of its first call for the argument types of its call sites, in its own process, and numba's disk cache hands the
 result to every later process. :func:`compile_cold_loops` does that for the loops whose cache is missing or made
-from another version of their source, split over worker processes by their compile time; a file lock in the cache folder lets one
-process compile while the others (a plan's workers) wait for it. A loop called with types not listed here still
-compiles at its first call, as before, only not in parallel.
+from another version of their source, split over worker processes by their compile time; a file lock in the cache
+folder lets one process compile while the others (a plan's workers) wait for it. ``pip install .`` calls it while
+it builds the package (setup.py), so that the package ships the cache. A loop called with types not listed here
+still compiles at its first call, only not in parallel.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("servesim.serving.compiled_loop", "_core_loop",
                ("i8[:]", "f8[:]", "i8[:]", "i8[:]", "f8[:]", "i8[:]", "i8[:,:]", "f8[:,:]", "i8[:,:]", "i8[:,:]",
                 "i8[:,:]", "i8[:,:]", "f8[:]", "i8[:,:]", "f8[:]", "i8[:,:]", "i8[:,:]", "f8[:,:]", "i8[:,:]",
-                "i8[:]", "f8[:]", "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 5.5,
+                "i8[:]", "f8[:]", "i8[:,:]", "f8[:]", "f8[:,:]", "f8[:]", "i8[:]", "f8[:]", "i8[:]", "f8[:]"), 8.5,
                "core"),
     EntryPoint("servesim.serving.compiled_loop", "_refile", ("i8[:,:]", "f8[:,:]", "i8[:,:]", "f8[:,:]"), 0.3, "core"),
     EntryPoint("servesim.serving.compiled_loop", "_store", ("i8[:,:]", "f8[:,:]", "i8[:]", "f8[:]"), 0.3, "core"),

@@ -133,14 +133,29 @@ def test_tables_that_start_small_grow_to_the_same_results(step_models, monkeypat
     monkeypatch.setattr(compiled_loop, "_TABLE_SLOTS", 2)
     monkeypatch.setattr(compiled_loop, "_GAP_SLOTS", 2)
     dep, steps = step_model(step_models, "vllm", False, False, pp)
+    steps.loop_table = None  # not the table an earlier test's run left on the shared model
     workload = build_workload("splitwise-conv", 300, qps=30, seed=2)
     assert_same(*both(dep, steps, workload))
+    assert len(steps.loop_table[0]) > 2
 
 
 @given(st.one_of(st.floats(0, 1e7), st.integers(0, 10**6).map(lambda k: k + 0.5)))
 def test_rounding_a_mixed_step_s_cached_tokens_is_python_s(value):
     """Equal chunks' cached tokens are rounded as ``round`` does, halves to the even integer."""
     assert compiled_loop._round_half_even(value) == round(value)
+
+
+def test_a_later_run_starts_from_the_table_an_earlier_one_left(step_models):
+    """The step-time parts a run gathered serve the next run of the same step model (a capacity search's probes)
+    without asking Python again, with the same results as a fresh table."""
+    dep, steps = step_model(step_models, "vllm", False, False, 2)
+    workload = build_workload("splitwise-conv", 200, qps=20, seed=4)
+    steps.loop_table = None
+    fresh = simulate(dep, workload, step_model=steps)
+    keys, values, entries = steps.loop_table
+    kept = simulate(dep, workload, step_model=steps)
+    assert steps.loop_table[0] is keys and steps.loop_table[2] == entries  # the same table, nothing added
+    assert_same(kept, fresh)
 
 
 def test_only_one_plain_vllm_replica_takes_the_compiled_loop():

@@ -130,9 +130,9 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     chunks = np.zeros((n, 2), dtype=np.int64)  # the forming step's prompt chunks: new and cached tokens
     heap_s = np.zeros(n + 1)
     heap_i = np.zeros((n + 1, 3), dtype=np.int64)  # tie-breaker, request, where (-1: the client's send)
-    keys = np.zeros((_TABLE_SLOTS, 1 + _KEY_WIDTH), dtype=np.int64)
-    values = np.zeros((_TABLE_SLOTS, max(2 * pp + 3, 4)))
-    entries = 0
+    # The table of step-time parts an earlier run of this step model left, else an empty one.
+    keys, values, entries = step_model.loop_table or (np.zeros((_TABLE_SLOTS, 1 + _KEY_WIDTH), dtype=np.int64),
+                                                      np.zeros((_TABLE_SLOTS, max(2 * pp + 3, 4))), 0)
     need = np.zeros((_MAX_NEEDS, 3 + _KEY_WIDTH), dtype=np.int64)  # a key, then what else Python needs to know
     answer = np.zeros(pp + 1)  # a mixed step's host overhead and each stage's time
     layers = np.array(step_model.stage_layers, dtype=np.int64)
@@ -159,6 +159,7 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
                 if 2 * (entries + 1) > len(keys):
                     keys, values = _grown(keys, values)
                 entries += _store(keys, values, key, row)
+            step_model.loop_table = keys, values, entries
         elif status == _ROWS_FULL:
             log.extend(rows)
             st[_ROWS] = 0

@@ -142,6 +142,9 @@ class StepTimeModel:
             self.attention_by_batch, self.mixed_attention = shares_with.attention_by_batch, shares_with.mixed_attention
         #: The decode spans servesim/serving/step_cache.py interpolates decode-only steps in, by what they depend on.
         self.decode_spans: dict[tuple[int, int, int], Any] = {}
+        #: The compiled event loop's table of step-time parts (servesim/serving/compiled_loop.py), kept for the next
+        #: run: (keys, values, entries). The parts depend on this model alone.
+        self.loop_table: tuple[Any, Any, int] | None = None
 
     def _layer_identity(self) -> tuple:
         """What one layer's kernels and their times depend on: the deployment's (``Deployment.layer_identity``) and,

@@ -18,7 +18,9 @@ from servesim.serving.deployment import build_deployment
 from servesim.serving.simulator import simulate
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly
-from servesim.workloads import Workload, build_workload
+from servesim.workloads import build_workload
+
+from workload_strategies import make_workload, workload_specs
 
 MODEL, GPU = get_model("llama3-8b"), get_gpu("H100")
 #: Leave a few thousand KV tokens beside llama3-8b's weights (all of them, or half with two pipeline stages):
@@ -80,12 +82,7 @@ def assert_same(compiled, python):
     assert repr(compiled.summary()) == repr(python.summary())  # NaN percentiles compare equal as text
 
 
-workloads = st.integers(1, 30).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(1, 3000), min_size=n, max_size=n),
-    st.lists(st.integers(1, 150), min_size=n, max_size=n),
-    st.lists(st.floats(0, 2), min_size=n, max_size=n),
-    st.one_of(st.none(), st.integers(1, 8)),
-))
+workloads = workload_specs(max_requests=30, max_output=150, max_concurrency=8)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -94,9 +91,7 @@ workloads = st.integers(1, 30).flatmap(lambda n: st.tuples(
        pp=st.sampled_from([1, 1, 2, 4]))
 def test_compiled_loop_matches_the_python_loop(step_models, spec, engine, small, front_end, token_times,
                                                stream_interval, pp):
-    prompts, outputs, arrivals, concurrency = spec
-    workload = Workload("test", np.array(prompts), np.array(outputs), np.sort(arrivals),
-                        arrival_mode="closed" if concurrency else "open", concurrency=concurrency)
+    workload = make_workload(*spec)
     dep, steps = step_model(step_models, engine, small, front_end, pp, stream_interval=stream_interval)
     compiled, python = both(dep, steps, workload, token_times=token_times)
     assert_same(compiled, python)

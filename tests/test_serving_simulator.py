@@ -21,7 +21,9 @@ from servesim.serving.simulator import simulate
 from servesim.serving.state import STEP_LOG_COLUMNS, StepLog
 from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly, violations_to_fail
-from servesim.workloads import Workload, build_workload
+from servesim.workloads import build_workload
+
+from workload_strategies import make_workload, workload_specs
 
 MODEL = get_model("llama3-8b")
 GPU = get_gpu("H100")
@@ -48,18 +50,7 @@ def run(step_models, engine, workload, replicas=1, router="round_robin", fast_fo
                     fast_forward_decodes=fast_forward_decodes)
 
 
-def make_workload(prompts, outputs, arrivals=None, concurrency=None):
-    arrivals = np.zeros(len(prompts)) if arrivals is None else np.sort(arrivals)
-    mode = "closed" if concurrency else "open"
-    return Workload("test", np.array(prompts), np.array(outputs), arrivals, arrival_mode=mode, concurrency=concurrency)
-
-
-workloads = st.integers(1, 24).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(1, 3000), min_size=n, max_size=n),
-    st.lists(st.integers(1, 120), min_size=n, max_size=n),
-    st.lists(st.floats(0, 2), min_size=n, max_size=n),
-    st.one_of(st.none(), st.integers(1, 6)),
-))
+workloads = workload_specs(max_requests=24, max_output=120, max_concurrency=6)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -46,10 +46,13 @@ from servesim.serving.step_cache import (
     EXACT_BELOW,
     EXACT_COUNT_BELOW,
     PREFILL_BITS,
-    SPREAD_BITS,
     decode_span_at,
+    decode_spread,
+    grid_bounds,
     mixed_batch,
     rest_token_bounds,
+    round_length,
+    weight,
 )
 from servesim.serving.stop import STOP_METRICS, StopRule, StoppedEarly
 from servesim.workloads.request import Workload
@@ -297,22 +300,6 @@ def _entry(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: in
 
 
 @inner
-def _bit_length(value: int) -> int:
-    bits = 0
-    while value:
-        value >>= 1
-        bits += 1
-    return bits
-
-
-@inner
-def _grid_step(tokens: int, bits: int) -> int:
-    """servesim/serving/step_cache.py's ``_grid_step``."""
-    shift = _bit_length(tokens) - bits
-    return 1 << (shift if shift > 0 else 0)
-
-
-@inner
 def _heap_less(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> bool:
     return heap_s[a] < heap_s[b] or (heap_s[a] == heap_s[b] and heap_i[a, 0] < heap_i[b, 0])
 
@@ -520,28 +507,6 @@ def _over(rule_i: np.ndarray, rule_ms: np.ndarray, st: np.ndarray, rule: int, va
 
 
 @inner
-def _round_to_grid(value: int, bits: int) -> int:
-    """``step_cache._round_to_grid``."""
-    step = _grid_step(value, bits)
-    return (value + step // 2) // step * step
-
-
-@inner
-def _grid_bounds(value: float, bits: int, exact_below: int) -> tuple[int, int]:
-    """``step_cache.grid_bounds``."""
-    whole = int(value)
-    step = 1 if whole < exact_below else _grid_step(whole, bits)
-    low = whole // step * step
-    return low, low if low == value else low + step
-
-
-@inner
-def _weight(value: float, low: int, high: int) -> float:
-    """``step_cache._weight``."""
-    return (value - low) / (high - low) if high > low else 0.0
-
-
-@inner
 def _round_half_even(value: float) -> int:
     """Python's ``round`` of a float: to the nearest integer, halves to the even one."""
     low = int(math.floor(value))
@@ -611,28 +576,27 @@ def _mixed_step_time(pp: int, layers: np.ndarray, chunks: np.ndarray, summary: n
         return False
     padded, mode = int(values[plan, 0]), int(values[plan, 1])
     token_low, token_high = int(values[plan, 2]), int(values[plan, 3])
-    request_low, request_high = _grid_bounds(float(requests), COUNT_BITS, EXACT_COUNT_BELOW)
-    token_weight = _weight(float(padded), token_low, token_high)
-    request_weight = _weight(float(requests), request_low, request_high)
+    request_low, request_high = grid_bounds(requests, COUNT_BITS, EXACT_COUNT_BELOW)
+    token_weight = weight(padded, (token_low, token_high))
+    request_weight = weight(requests, (request_low, request_high))
     rest = _corners(keys, need, st, _REST, 0, 0, 0, 0, token_low, token_high, request_low, request_high,
                     token_weight, request_weight)
     if st[_NEEDS]:
         return False
     # The attention of equal chunks (step_cache.equal_chunks) beside the decodes.
     mean_context = summary[_M_CONTEXTS] // decodes if decodes else 0
-    context = mean_context if mean_context <= EXACT_BELOW else _round_to_grid(mean_context, PREFILL_BITS)
-    spread = _round_to_grid(summary[_M_LONGEST] - mean_context, SPREAD_BITS) if decodes else 0
+    context = round_length(mean_context, PREFILL_BITS)
+    spread = decode_spread(mean_context, summary[_M_LONGEST]) if decodes else 0
     if prefills == 1:
         new_tokens, cached_tokens = float(chunks[0, 0]), float(chunks[0, 1])
     else:
         new_tokens = math.sqrt(squares / prefills)
         cached_tokens = weighted / (prefills * new_tokens)
-    cached = _round_half_even(cached_tokens)
-    cached = cached if cached <= EXACT_BELOW else _round_to_grid(cached, PREFILL_BITS)
-    chunk_low, chunk_high = _grid_bounds(new_tokens, CHUNK_BITS, EXACT_BELOW)
-    count_low, count_high = _grid_bounds(float(decodes), COUNT_BITS, EXACT_COUNT_BELOW)
-    chunk_weight = _weight(new_tokens, chunk_low, chunk_high)
-    count_weight = _weight(float(decodes), count_low, count_high)
+    cached = round_length(_round_half_even(cached_tokens), PREFILL_BITS)
+    chunk_low, chunk_high = grid_bounds(new_tokens, CHUNK_BITS, EXACT_BELOW)
+    count_low, count_high = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
+    chunk_weight = weight(new_tokens, (chunk_low, chunk_high))
+    count_weight = weight(decodes, (count_low, count_high))
     attention = _corners(keys, need, st, _ATTENTION, prefills, cached, context, spread, chunk_low, chunk_high,
                          count_low, count_high, chunk_weight, count_weight)
     if st[_NEEDS]:
@@ -669,11 +633,8 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             num_decodes = summary[_M_DECODES]
             if summary[_M_CHUNKS] == 0:  # decodes only: step_cache.decode_step_time_us
                 context = summary[_M_CONTEXTS] // num_decodes
-                grid = 1 if context < EXACT_BELOW else _grid_step(context, DECODE_BITS)
-                low = context // grid * grid
-                distance = summary[_M_LONGEST] - context
-                grid = _grid_step(distance, SPREAD_BITS)
-                spread = (distance + grid // 2) // grid * grid
+                low = grid_bounds(context, DECODE_BITS, EXACT_BELOW)[0]
+                spread = decode_spread(context, summary[_M_LONGEST])
                 st[_NEEDS] = 0
                 at = _entry(keys, need, st, _SPAN, num_decodes, low, spread, 0, 0, 0)
                 if at < 0:

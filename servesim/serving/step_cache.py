@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from servesim.compiled import inner
 from servesim.kernels.batch import BatchSpec, PrefillChunk
 from servesim.serving.state import Step
 from servesim.serving.step_time import StepTimeModel
@@ -43,33 +44,40 @@ COUNT_BITS = 2
 SPREAD_BITS = 2
 
 
-def _grid_step(tokens: int, bits: int) -> int:
-    return 1 << max(0, tokens.bit_length() - bits)
+@inner
+def grid_step(tokens: int, bits: int) -> int:
+    """The spacing of the grid of ``bits`` significant bits at ``tokens`` (up to 2**53)."""
+    shift = math.frexp(tokens)[1] - bits  # frexp's exponent is a positive integer's bit length
+    return 1 << (shift if shift > 0 else 0)
 
 
-def _round_to_grid(value: int, bits: int) -> int:
+@inner
+def round_to_grid(value: int, bits: int) -> int:
     """``value`` rounded to the nearest value with ``bits`` significant bits."""
-    step = _grid_step(value, bits)
+    step = grid_step(value, bits)
     return (value + step // 2) // step * step
 
 
+@inner
 def round_length(tokens: int, bits: int) -> int:
     """``tokens`` rounded to the nearest value with ``bits`` significant bits (exact up to :data:`EXACT_BELOW`)."""
-    return tokens if tokens <= EXACT_BELOW else _round_to_grid(tokens, bits)
+    return tokens if tokens <= EXACT_BELOW else round_to_grid(tokens, bits)
 
 
+@inner
 def grid_bounds(tokens: float, bits: int = PREFILL_BITS, exact_below: int = EXACT_BELOW) -> tuple[int, int]:
     """The grid values around ``tokens`` (equal when it is on the grid; every integer below ``exact_below`` is)."""
     whole = int(tokens)
-    step = 1 if whole < exact_below else _grid_step(whole, bits)
+    step = 1 if whole < exact_below else grid_step(whole, bits)
     low = whole // step * step
     return low, low if low == tokens else low + step
 
 
+@inner
 def decode_spread(context: int, max_context: int) -> int:
     """How far the longest decode's context is above the mean ``context``, rounded to :data:`SPREAD_BITS`
     significant bits. While a batch only decodes, both grow by one token a step and the spread stays."""
-    return _round_to_grid(max_context - context, SPREAD_BITS)
+    return round_to_grid(max_context - context, SPREAD_BITS)
 
 
 def representative_decodes(num_decodes: int, context: int, spread: int) -> tuple[int, ...]:
@@ -118,7 +126,7 @@ def decode_span(step_model: StepTimeModel, num_decodes: int, low: int, spread: i
     if low < EXACT_BELOW:  # every context there is on the grid
         at_low = step_model.step_time_us(low_batch)
         return DecodeSpan(low, 0, at_low.overhead_us, at_low.stage_us, 0.0, (0.0,) * len(at_low.stage_us))
-    span = _grid_step(low, DECODE_BITS)
+    span = grid_step(low, DECODE_BITS)
     high_batch = BatchSpec(decodes=representative_decodes(num_decodes, low + span, spread))
     step_model.layer_attentions_us((low_batch, high_batch))  # both ends' attention kernels in one estimator call
     at_low, at_high = step_model.step_time_us(low_batch), step_model.step_time_us(high_batch)
@@ -161,7 +169,7 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     # A grid request count above a grid token count cannot be; the requests part of the rest (LM head, sampling)
     # is then taken at as many requests as tokens.
     rest_us = _bilinear(lambda t, r: step_model.rest_time_us(t, min(r, t), False), token_bounds,
-                        _weight(plan.padded_tokens, token_bounds), request_bounds, _weight(requests, request_bounds))
+                        weight(plan.padded_tokens, token_bounds), request_bounds, weight(requests, request_bounds))
 
     mean_context = step.decode_context_tokens // decodes if decodes else 0
     context = round_length(mean_context, PREFILL_BITS)
@@ -169,7 +177,7 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     new_tokens, cached_tokens = equal_chunks(step.prefills)
     chunk_bounds = grid_bounds(new_tokens, CHUNK_BITS)
     count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
-    chunk_weight, count_weight = _weight(new_tokens, chunk_bounds), _weight(decodes, count_bounds)
+    chunk_weight, count_weight = weight(new_tokens, chunk_bounds), weight(decodes, count_bounds)
     shape = (len(step.prefills), round_length(round(cached_tokens), PREFILL_BITS), context, spread)
     memo = step_model.mixed_attention
     corners = [shape + (chunk_tokens, count) for count in count_bounds[:2 if count_weight else 1]
@@ -226,7 +234,8 @@ def equal_chunks(prefills: tuple[PrefillChunk, ...]) -> tuple[float, float]:
     return new, sum(p.new_tokens * p.cached_tokens for p in prefills) / (len(prefills) * new)
 
 
-def _weight(value: float, bounds: tuple[int, int]) -> float:
+@inner
+def weight(value: float, bounds: tuple[int, int]) -> float:
     """Where ``value`` lies between ``bounds``, 0 to 1 (0 when they are equal)."""
     low, high = bounds
     return (value - low) / (high - low) if high > low else 0.0

@@ -49,7 +49,7 @@ from servesim.serving.step_cache import (
     decode_span_at,
     decode_spread,
     grid_bounds,
-    mixed_batch,
+    memoise_mixed_attention,
     rest_token_bounds,
     round_length,
     weight,
@@ -208,10 +208,8 @@ def _entries(step_model, need: np.ndarray) -> list[np.ndarray]:
                 for tokens, requests in need[:, 1:3].tolist()]
     if kind == _ATTENTION:
         corners = [tuple(key) for key in need[:, 1:1 + _KEY_WIDTH].tolist()]
+        memoise_mixed_attention(step_model, corners)
         memo = step_model.mixed_attention
-        missing = [corner for corner in dict.fromkeys(corners) if corner not in memo]
-        if missing:
-            memo.update(zip(missing, step_model.layer_attentions_us([mixed_batch(*corner) for corner in missing])))
         return [np.array([memo[corner][0], *(step_model.graph_launches(memo[corner][1], mode)
                                              for mode in GRAPH_MODES)]) for corner in corners]
     return [np.array([step_model.layer_device_us(requests), step_model.overhead.step_overhead_us(requests, launches)])

@@ -179,16 +179,24 @@ def step_time_us(step_model: StepTimeModel, step: Step) -> tuple[float, tuple[fl
     count_bounds = grid_bounds(decodes, COUNT_BITS, EXACT_COUNT_BELOW)
     chunk_weight, count_weight = weight(new_tokens, chunk_bounds), weight(decodes, count_bounds)
     shape = (len(step.prefills), round_length(round(cached_tokens), PREFILL_BITS), context, spread)
-    memo = step_model.mixed_attention
     corners = [shape + (chunk_tokens, count) for count in count_bounds[:2 if count_weight else 1]
                for chunk_tokens in chunk_bounds[:2 if chunk_weight else 1]]
-    missing = [corner for corner in corners if corner not in memo]
-    if missing:
-        memo.update(zip(missing, step_model.layer_attentions_us([mixed_batch(*corner) for corner in missing])))
+    memoise_mixed_attention(step_model, corners)
+    memo = step_model.mixed_attention
     (attention_us,) = _bilinear(lambda chunk_tokens, count: memo[shape + (chunk_tokens, count)][:1], chunk_bounds,
                                 chunk_weight, count_bounds, count_weight)
     time = step_model.compose(rest_us, attention_us, memo[corners[0]][1], requests, plan.mode)
     return time.overhead_us, time.stage_us
+
+
+def memoise_mixed_attention(step_model: StepTimeModel, corners: list[tuple[int, ...]]) -> None:
+    """Puts one layer's attention time and kernel count of each representative batch ``corners`` (keys of
+    ``step_model.mixed_attention``: :func:`mixed_batch`'s arguments) in that memo, those it lacks predicted in one
+    estimator call."""
+    memo = step_model.mixed_attention
+    missing = [corner for corner in dict.fromkeys(corners) if corner not in memo]
+    if missing:
+        memo.update(zip(missing, step_model.layer_attentions_us([mixed_batch(*corner) for corner in missing])))
 
 
 def mixed_batch(prefills: int, cached: int, context: int, spread: int, chunk_tokens: int, count: int) -> BatchSpec:

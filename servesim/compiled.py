@@ -110,9 +110,6 @@ jit = numba.njit(cache=True, error_model="numpy")
 #: (a key's kind and its unused zeros made seven copies of the serving loop's table lookup, 3 s of a first run);
 #: this one also needs no Python wrapper and no cache files of its own. Called from Python it runs as plain Python.
 inner = register_jitable(error_model="numpy")
-#: Decorator for an element-wise function of two float64 values, compiled as a numpy ufunc: it broadcasts over arrays
-#: when numpy code calls it and takes two floats inside the compiled loops, so both share one formula.
-binary_ufunc = numba.vectorize(["float64(float64, float64)"], cache=True)
 
 #: numpy's pairwise summation (``PW_BLOCKSIZE``) sums blocks of up to this many values with 8 partial sums.
 _PAIRWISE_BLOCK = 128
@@ -211,5 +208,5 @@ def stable_argsort(values: np.ndarray, descending: bool) -> np.ndarray:
 
 announce_if_cold()
 
-__all__ = ["COMPILE_NOTICE", "announce_if_cold", "binary_ufunc", "cache_index", "cache_is_cold", "jit",
+__all__ = ["COMPILE_NOTICE", "announce_if_cold", "cache_index", "cache_is_cold", "jit",
            "pairwise_sum", "stable_argsort"]

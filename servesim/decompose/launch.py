@@ -14,7 +14,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from servesim.compiled import binary_ufunc, jit, pairwise_sum
+from servesim.compiled import inner, jit, pairwise_sum
 from servesim.errors import ServesimError
 from servesim.hardware import GpuSpec
 from servesim.kernels.types import AttentionDecode, AttentionPrefill, Gemm, Kernel, ScaledMM
@@ -255,12 +255,12 @@ def cold_bytes(kernel: Gemm | ScaledMM | AttentionPrefill | AttentionDecode) -> 
     return kernel.bytes_moved() * (1.0 - kernel.l2_resident_fraction)
 
 
-@binary_ufunc
-def dram_fraction(unique_bytes: float, l2_bytes: float) -> float:
+@inner
+def dram_fraction(unique_bytes: float | np.ndarray, l2_bytes: float | np.ndarray) -> float | np.ndarray:
     """DRAM bytes per L2 byte when L2 captures all reuse: the kernel's compulsory traffic spread over its tiles'
-    loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add). A ufunc: arrays
-    broadcast."""
-    return min(unique_bytes / max(l2_bytes, 1.0), 1.0)
+    loads in proportion (an optimistic bound; the per-category MLP learns what L2 misses add). Element-wise: arrays
+    broadcast, and the compiled loops call it with two floats."""
+    return np.minimum(unique_bytes / np.maximum(l2_bytes, 1.0), 1.0)
 
 
 def _by_pipe(demand: dict[str, np.ndarray] | np.ndarray, n: int) -> np.ndarray:

@@ -4,6 +4,7 @@ import dataclasses
 import math
 import os
 
+import numpy as np
 import pytest
 
 from servesim.hardware import get_gpu
@@ -22,7 +23,8 @@ from servesim.planner.plan import (
 )
 from servesim.planner.search import OptionTask, Probe, _crossing_load, search_capacity, step_model
 from servesim.planner.slo import Slo
-from servesim.serving import step_cache
+from servesim.serving import compiled_loop, step_cache
+from servesim.serving.compiled_loop import table_rows
 from servesim.serving.deployment import build_deployment
 from servesim.serving.simulator import simulate
 from servesim.workloads import build_workload
@@ -267,7 +269,26 @@ def test_stored_memos_read_back_exactly(unloaded_tpot_ms):
     search_capacity(task(1.5 * unloaded_tpot_ms), steps)
     memos = {name: getattr(steps, name) for name in step_store.MEMOS}
     assert all(memos.values())
-    assert step_store.decode(step_store.encode(memos)) == memos
+    keys, values = table_rows(steps.loop_table)
+    assert len(keys) == steps.loop_table[2] > 0
+    read = step_store.decode(step_store.encode({**memos, "loop_table": (keys, values)}))
+    assert {name: read[name] for name in step_store.MEMOS} == memos
+    assert np.array_equal(read["loop_table"][0], keys) and np.array_equal(read["loop_table"][1], values)
+
+
+def test_a_run_from_a_stored_loop_table_hands_nothing_back_and_gives_the_same_result(store, monkeypatch,
+                                                                                    unloaded_tpot_ms):
+    first = step_model(task(1.5 * unloaded_tpot_ms))
+    with step_store.kept_step_times(first):
+        result = search_capacity(task(1.5 * unloaded_tpot_ms), first)
+    handed_back = []
+    entries = compiled_loop._entries
+    monkeypatch.setattr(compiled_loop, "_entries", lambda *args: handed_back.append(args) or entries(*args))
+    again = step_model(task(1.5 * unloaded_tpot_ms))
+    with step_store.kept_step_times(again):
+        assert again.loop_table[2] == first.loop_table[2]
+        assert repr(search_capacity(task(1.5 * unloaded_tpot_ms), again)) == repr(result)
+    assert not handed_back
 
 
 def test_memos_are_kept_per_deployment_whatever_its_price():

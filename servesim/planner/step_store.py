@@ -9,15 +9,16 @@ target, so a plan that repeats an earlier one's GPUs and layouts, with the same 
 prices, predicts only the steps the earlier plans never met. Its results are the same as with nothing kept: the
 stored values are the ones the model would compute.
 
-Kept are the step-time model's memos keyed by counts (:data:`MEMOS`), one compressed ``.npz`` of plain integer
-and float arrays per deployment (no pickles); batches and kernels are not. The files live in
-``$SERVESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesim``, else ``~/.cache/servesim``, in a folder named after
-a fingerprint of servesim's files (each one's path, size and modification time) and of the Python, numpy and
-numba versions, so that any change to the code, the estimator's weights or the catalogues starts afresh; the
-first plan to write a new folder keeps the :data:`KEEP_OTHERS` most recently written folders of other fingerprints
-(two checkouts, or two versions in turn, then keep each other's) and removes the rest. ``SERVESIM_CACHE_DIR=`` (empty)
-keeps nothing. A file that cannot be read is ignored and one that cannot be written is skipped: either only
-costs time.
+Kept are the step-time model's memos keyed by counts (:data:`MEMOS`) and the compiled vLLM loop's table of
+step-time parts (``loop_table``: a run that starts from it hands nothing back to Python for the steps it holds),
+one compressed ``.npz`` of plain integer and float arrays per deployment (no pickles); batches and kernels are
+not. The files live in ``$SERVESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesim``, else
+``~/.cache/servesim``, in a folder named after a fingerprint of servesim's files (each one's path, size and
+modification time) and of the Python, numpy and numba versions, so that any change to the code, the estimator's
+weights or the catalogues starts afresh; the first plan to write a new folder keeps the :data:`KEEP_OTHERS` most
+recently written folders of other fingerprints (two checkouts, or two versions in turn, then keep each other's)
+and removes the rest. ``SERVESIM_CACHE_DIR=`` (empty) keeps nothing. A file that cannot be read is ignored and
+one that cannot be written is skipped: either only costs time.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from pathlib import Path
 import numpy as np
 
 import servesim
+from servesim.serving.compiled_loop import table_rows, table_with
 from servesim.serving.step_cache import DecodeSpan
 from servesim.serving.step_time import StepTimeModel
 
 #: Bumped when the files' layout or the meaning of a memo changes.
-FORMAT = 1
+FORMAT = 2
 #: The step-time model's memos kept, each a dict keyed by a tuple of integers (or one integer).
 MEMOS = ("decode_spans", "mixed_attention", "rest_times", "mixed_bodies")
 #: Folders of other code fingerprints kept when a new one is made, the most recently written first.
@@ -97,11 +99,14 @@ def load_memos(steps: StepTimeModel) -> None:
     memos = read_memos(folder / f"{timing_key(steps)}.npz")
     for name in MEMOS:
         getattr(steps, name).update(memos.get(name, {}))
+    stored = memos.get("loop_table")
+    if stored is not None and len(stored[0]):
+        steps.loop_table = table_with(steps.loop_table, *stored)
 
 
 def _memo_entries(steps: StepTimeModel) -> int:
     """How many entries the kept memos of ``steps`` hold: a run that added none has nothing to store."""
-    return sum(len(getattr(steps, name)) for name in MEMOS)
+    return sum(len(getattr(steps, name)) for name in MEMOS) + (steps.loop_table[2] if steps.loop_table else 0)
 
 
 @contextlib.contextmanager
@@ -130,6 +135,10 @@ def save_memos(steps: StepTimeModel) -> None:
         memos = read_memos(path)
         for name in MEMOS:
             memos[name] = {**memos.get(name, {}), **getattr(steps, name)}
+        if steps.loop_table is not None:
+            stored = memos.get("loop_table")
+            memos["loop_table"] = table_rows(steps.loop_table if stored is None else
+                                             table_with(steps.loop_table, *stored))
         _write_replacing(path, encode(memos))
     except OSError:
         pass  # a store that cannot be written only costs the next plan the time
@@ -162,7 +171,7 @@ def _modified_s(path: Path) -> float:
         return 0.0
 
 
-def read_memos(path: Path) -> dict[str, dict]:
+def read_memos(path: Path) -> dict:
     """The memos stored at ``path``; empty when there is no such file or it cannot be read."""
     try:
         with np.load(path, allow_pickle=False) as arrays:
@@ -171,13 +180,18 @@ def read_memos(path: Path) -> dict[str, dict]:
         return {}
 
 
-def encode(memos: dict[str, dict]) -> dict[str, np.ndarray]:
-    """The memos as arrays: per memo, its keys (one row each) and its values' columns."""
+def encode(memos: dict) -> dict[str, np.ndarray]:
+    """The memos as arrays: per memo, its keys (one row each) and its values' columns; the loop table's rows
+    (``loop_table``: keys and values, as :func:`~servesim.serving.compiled_loop.table_rows` gives them) as they
+    are."""
     spans = memos.get("decode_spans", {})
     mixed = memos.get("mixed_attention", {})
     rest = memos.get("rest_times", {})
     bodies = memos.get("mixed_bodies", {})
+    loop_keys, loop_values = memos.get("loop_table", (np.zeros((0, 7), dtype=np.int64), np.zeros((0, 0))))
     return {
+        "loop_table_keys": loop_keys,
+        "loop_table_values": loop_values,
         "decode_spans_keys": _int_rows(list(spans), 3),
         "decode_spans_span": np.array([s.span for s in spans.values()], dtype=np.int64),
         "decode_spans_times": _float_rows([(s.overhead_us, s.overhead_delta_us, *s.stage_us, *s.stage_delta_us)
@@ -192,7 +206,7 @@ def encode(memos: dict[str, dict]) -> dict[str, np.ndarray]:
     }
 
 
-def decode(arrays: dict[str, np.ndarray]) -> dict[str, dict]:
+def decode(arrays: dict[str, np.ndarray]) -> dict:
     """The inverse of :func:`encode`: the same keys and values, as the step-time model makes them."""
     times = arrays["decode_spans_times"].tolist()
     stages = (len(times[0]) - 2) // 2 if times else 0
@@ -207,7 +221,8 @@ def decode(arrays: dict[str, np.ndarray]) -> dict[str, dict]:
                                                             arrays["rest_times_us"].tolist())}
     bodies = {tokens: tuple(row) for tokens, row in zip(arrays["mixed_bodies_keys"].tolist(),
                                                         arrays["mixed_bodies_us"].tolist())}
-    return {"decode_spans": spans, "mixed_attention": mixed, "rest_times": rest, "mixed_bodies": bodies}
+    return {"decode_spans": spans, "mixed_attention": mixed, "rest_times": rest, "mixed_bodies": bodies,
+            "loop_table": (arrays["loop_table_keys"], arrays["loop_table_values"])}
 
 
 def _int_rows(keys: list[tuple[int, ...]], width: int) -> np.ndarray:

@@ -134,8 +134,7 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     heap_s = np.zeros(n + 1)
     heap_i = np.zeros((n + 1, 3), dtype=np.int64)  # tie-breaker, request, where (-1: the client's send)
     # The table of step-time parts an earlier run of this step model left, else an empty one.
-    keys, values, entries = step_model.loop_table or (np.zeros((_TABLE_SLOTS, 1 + _KEY_WIDTH), dtype=np.int64),
-                                                      np.zeros((_TABLE_SLOTS, max(2 * pp + 3, 4))), 0)
+    keys, values, entries = step_model.loop_table or _empty_table(max(2 * pp + 3, 4))
     need = np.zeros((_MAX_NEEDS, 3 + _KEY_WIDTH), dtype=np.int64)  # a key, then what else Python needs to know
     answer = np.zeros(pp + 1)  # a mixed step's host overhead and each stage's time
     layers = np.array(step_model.stage_layers, dtype=np.int64)
@@ -214,6 +213,35 @@ def _entries(step_model, need: np.ndarray) -> list[np.ndarray]:
                                              for mode in GRAPH_MODES)]) for corner in corners]
     return [np.array([step_model.layer_device_us(requests), step_model.overhead.step_overhead_us(requests, launches)])
             for requests, launches in need[:, 1:3].tolist()]
+
+
+def _empty_table(width: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A table of step-time parts with nothing in it, for values ``width`` wide."""
+    return np.zeros((_TABLE_SLOTS, 1 + _KEY_WIDTH), dtype=np.int64), np.zeros((_TABLE_SLOTS, width)), 0
+
+
+def table_rows(table: tuple[np.ndarray, np.ndarray, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of a table of step-time parts (``StepTimeModel.loop_table``): their keys and their values, a row
+    each."""
+    keys, values, _ = table
+    used = keys[:, 0] != 0
+    return keys[used], values[used]
+
+
+def table_with(table: tuple[np.ndarray, np.ndarray, int] | None, keys: np.ndarray,
+               values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """A new table holding the entries of ``table`` (None: none) and the entries ``keys``, ``values`` (rows, as
+    :func:`table_rows` gives them; a key ``table`` holds keeps its value there, which is the same)."""
+    old_keys, old_values, entries = table or _empty_table(values.shape[1])
+    slots = len(old_keys)
+    while 2 * (entries + len(keys)) > slots:
+        slots *= 2
+    new_keys = np.zeros((slots, old_keys.shape[1]), dtype=np.int64)
+    new_values = np.zeros((slots, old_values.shape[1]))
+    _refile(old_keys, old_values, new_keys, new_values)
+    _refile(np.ascontiguousarray(keys, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64), new_keys,
+            new_values)
+    return new_keys, new_values, int(np.count_nonzero(new_keys[:, 0]))
 
 
 def _grown(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

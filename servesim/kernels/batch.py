@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from servesim.errors import ServesimError
 from servesim.limits import MAX_TASKS_PER_LAUNCH, MAX_TOKENS
@@ -54,7 +55,7 @@ class BatchSpec:
     def num_requests(self) -> int:
         return len(self.prefills) + len(self.decodes)
 
-    @property
+    @cached_property
     def num_tokens(self) -> int:
         """Tokens this step computes: every new prefill token plus one per decode."""
         return sum(p.new_tokens for p in self.prefills) + len(self.decodes)
@@ -63,11 +64,13 @@ class BatchSpec:
     def is_decode_only(self) -> bool:
         return not self.prefills
 
-    @property
+    # The lengths are worked out once per batch: a step's expansion reads them for every attention kernel, and a
+    # batch of hundreds of decodes makes them long.
+    @cached_property
     def query_lens(self) -> tuple[int, ...]:
         return (1,) * len(self.decodes) + tuple(p.new_tokens for p in self.prefills)
 
-    @property
+    @cached_property
     def kv_lens(self) -> tuple[int, ...]:
         """Keys each request's attention reads (cached plus new), in request order."""
         return tuple(c + 1 for c in self.decodes) + tuple(p.kv_len for p in self.prefills)

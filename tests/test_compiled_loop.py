@@ -20,7 +20,7 @@ from servesim.serving.step_time import StepTimeModel
 from servesim.serving.stop import StopRule, StoppedEarly
 from servesim.workloads import build_workload
 
-from workload_strategies import make_workload, workload_specs
+from workload_strategies import make_prefix_workload, make_workload, prefix_workload_specs, workload_specs
 
 MODEL, GPU = get_model("llama3-8b"), get_gpu("H100")
 #: Leave a few thousand KV tokens beside llama3-8b's weights (all of them, or half with two pipeline stages):
@@ -97,6 +97,26 @@ def test_compiled_loop_matches_the_python_loop(step_models, spec, engine, small,
     assert_same(compiled, python)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=prefix_workload_specs(max_requests=30, max_concurrency=8),
+       engine=st.sampled_from(["vllm==0.12.0", "vllm==0.15.1"]), small=st.booleans(), pp=st.sampled_from([1, 1, 2]))
+def test_compiled_loop_matches_the_python_loop_with_a_prefix_cache(step_models, spec, engine, small, pp):
+    """Hits, answers quoted by later prompts, eviction under KV pressure and preemption: the same requests,
+    cached tokens and steps."""
+    workload = make_prefix_workload(*spec)
+    dep, steps = step_model(step_models, engine, small, False, pp)
+    compiled, python = both(dep, steps, workload)
+    assert_same(compiled, python)
+
+
+def test_a_shared_prefix_workload_hits_evicts_and_preempts_alike_in_both_loops(step_models):
+    dep, steps = step_model(step_models, "vllm", True, False)
+    workload = build_workload("shared-prefix:4,8:1500:200:400", 200, qps=30, seed=2)
+    compiled, python = both(dep, steps, workload)
+    assert python.cached_tokens.sum() > 0 and python.preemptions.sum() > 0
+    assert_same(compiled, python)
+
+
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("metric", ["ttft", "tpot", "e2e"])
 def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp):
@@ -153,8 +173,8 @@ def test_a_later_run_starts_from_the_table_an_earlier_one_left(step_models):
     assert_same(kept, fresh)
 
 
-def test_only_one_plain_vllm_replica_takes_the_compiled_loop():
-    """Several replicas, SGLang and prompt identity keep the Python loop; pipeline stages do not."""
+def test_only_one_vllm_replica_takes_the_compiled_loop():
+    """Several replicas and SGLang keep the Python loop; pipeline stages and prompt identity do not."""
     workload = build_workload("splitwise-conv", 10, qps=1)
     shared = build_workload("chat-shared-prefix", 10, qps=1)
 
@@ -163,8 +183,8 @@ def test_only_one_plain_vllm_replica_takes_the_compiled_loop():
                                async_scheduling=False if engine == "vllm" else None)
         return [type("Replica", (), {"scheduler": dep.make_scheduler(), "pp": pp})() for _ in range(replicas)]
 
-    assert compiled_loop.eligible(fleet(), workload, prefix_identity=False)
-    assert not compiled_loop.eligible(fleet(), shared, prefix_identity=True)
-    assert not compiled_loop.eligible(fleet(replicas=2), workload, prefix_identity=False)
-    assert compiled_loop.eligible(fleet(pp=2), workload, prefix_identity=False)
-    assert not compiled_loop.eligible(fleet("sglang"), workload, prefix_identity=False)
+    assert compiled_loop.eligible(fleet(), workload)
+    assert compiled_loop.eligible(fleet(), shared)
+    assert not compiled_loop.eligible(fleet(replicas=2), workload)
+    assert compiled_loop.eligible(fleet(pp=2), workload)
+    assert not compiled_loop.eligible(fleet("sglang"), workload)

@@ -1,33 +1,33 @@
 """The simulator's event loop for one vLLM replica, compiled, with the same results.
 
-A capacity search and most ``simulate`` runs serve one vLLM replica (with or without pipeline stages) whose
-workload carries no prompt identity (every probe of ``plan``). There the Python event loop
-(servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py) spend a few attribute reads
-and writes per running request per step, which a busy engine multiplies into most of a run. :func:`run` serves
-such a replica with request state as arrays indexed by request id (struct of arrays: computed, generated and held
-KV blocks, in flight; the send, arrival, first-scheduled, first-token and last-token times), the waiting queue a
-ring of ids, the running queue an array of ids in order, the micro-batches in flight a ring of ``pp`` slots and
-the arrivals a binary heap ordered as the Python loop's (time, then the order the events were made), all in one
-compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and ``finish_step`` operation for
-operation. Step times come from one open-addressing table of what they are made of, filled from Python as the
-loop first meets each entry: decode spans by (size, grid context, spread), from which decode steps are timed as
-``DecodeSpan.at`` does, and the parts of a step with prompt chunks (its graph plan, the times outside attention
-and of attention at the corners it is interpolated between, its host and device costs), from which the loop works
+A capacity search and most ``simulate`` runs serve one vLLM replica (with or without pipeline stages). There the
+Python event loop (servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py) spend a
+few attribute reads and writes per running request per step, which a busy engine multiplies into most of a run.
+:func:`run` serves such a replica with request state as arrays indexed by request id (struct of arrays: computed,
+generated and held KV blocks, in flight; the send, arrival, first-scheduled, first-token and last-token times),
+the waiting queue a ring of ids, the running queue an array of ids in order, the micro-batches in flight a ring
+of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time, then the order the events were
+made), all in one compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and
+``finish_step`` operation for operation. A workload with prompt identity looks up and fills the prefix cache as
+the scheduler does, through the same radix tree over arrays (servesim/serving/compiled_cache.py). Step times come
+from one open-addressing table of what they are made of, filled from Python as the loop first meets each entry:
+decode spans by (size, grid context, spread), from which decode steps are timed as ``DecodeSpan.at`` does, and
+the parts of a step with prompt chunks (its graph plan, the times outside attention and of attention at the
+corners it is interpolated between, its host and device costs), from which the loop works
 out ``step_cache.step_time_us`` operation for operation (:func:`_mixed_step_time`). It hands back to Python only
 
 - for the table entries it lacks, in the order the Python functions would first ask the step model for them (so
   the kernel estimator sees the same calls),
-- to pass on a full buffer of step-log rows, to grow its gap table, to report progress, and when a stop rule
-  fires.
+- to pass on a full buffer of step-log rows, to grow its gap table or the prefix cache's arrays, to report
+  progress, and when a stop rule fires.
 
 Without every token's time kept, it counts the gaps between the chunks a client receives by value in another
 open-addressing table (a gap is the difference of two step ends, so distinct values are few), which
 ``GapCounter`` then holds as it would have counted them.
 
-SGLang, several replicas, attention data parallelism and prompt identity (the prefix cache's lookups) run the
-Python loop: SGLang's scheduler in the same loop made vLLM's runs 5 to 10 % slower and its compile twice as long
-(11.5 s). tests/test_compiled_loop.py checks that both loops give the same requests, tokens, steps, stops and
-progress reports.
+SGLang, several replicas and attention data parallelism run the Python loop: SGLang's scheduler in the same loop
+made vLLM's runs 5 to 10 % slower and its compile twice as long (11.5 s). tests/test_compiled_loop.py checks that
+both loops give the same requests, cached tokens, steps, stops and progress reports.
 """
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ import math
 import numpy as np
 
 from servesim.compiled import inner, jit
+from servesim.serving.compiled_cache import (
+    EVICTABLE,
+    NODE_COLUMNS,
+    NODES,
+    acquire,
+    covering,
+    evict,
+    grown,
+    insert,
+    match,
+    new_cache,
+    release,
+)
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, StepLog
 from servesim.serving.step_cache import (
@@ -58,7 +71,7 @@ from servesim.serving.stop import STOP_METRICS, StopRule, StoppedEarly
 from servesim.workloads.request import Workload
 
 # Why _core_loop handed back.
-_DONE, _NEED_ENTRIES, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED = range(6)
+_DONE, _NEED_ENTRIES, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED, _CACHE_FULL = range(7)
 
 # Integer state (``st``), by index.
 (_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _F_HEAD, _F_COUNT, _PENDING,
@@ -67,10 +80,13 @@ _DONE, _NEED_ENTRIES, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED = range(6)
 _NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _STAGE_FREE = range(7)
 # Configuration (``cfg_i``, ``cfg_f``), by index.
 (_C_N, _C_SENDS, _C_CLOSED, _C_BUDGET, _C_MAX_SEQS, _C_BLOCK, _C_CAPACITY, _C_CHUNKED, _C_ASYNC, _C_FRONT_END,
- _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP) = range(15)
+ _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP, _C_CACHE) = range(16)
 _F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US = range(3)
 # Request columns: integers (``req_i``) and times (``req_s``).
-_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS, _IN_FLIGHT = range(5)
+# The prefix cache's: blocks read from the cache, nodes referenced (servesim/serving/compiled_cache.py), tokens
+# the last admission found cached, the prompt's segments (first, end) and its answer's segment id.
+(_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS, _IN_FLIGHT, _CACHED_UNITS, _PATH_LEN, _CACHED_TOKENS, _SEG_LO,
+ _SEG_HI, _OUTPUT_ID) = range(11)
 _ISSUE, _REACHED, _FIRST_SCHEDULED, _FIRST_TOKEN, _LAST_TOKEN, _LAST_STREAMED = range(6)
 # A micro-batch's summary (``flight_i`` rows): its requests, prompt chunks, decodes, their context and the longest.
 _M_LEN, _M_CHUNKS, _M_DECODES, _M_CONTEXTS, _M_LONGEST = range(5)
@@ -97,18 +113,17 @@ _MAX_NEEDS = 4
 GRAPH_MODES = ("none", "piecewise", "full")
 
 
-def eligible(fleet, workload: Workload, prefix_identity: bool) -> bool:
-    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism) and no prompt
-    identity to look up in the prefix cache."""
-    return (len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and not prefix_identity
-            and len(workload) > 0)
+def eligible(fleet, workload: Workload) -> bool:
+    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism)."""
+    return len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and len(workload) > 0
 
 
 def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: tuple[StopRule, ...],
-        progress) -> None:
+        progress, prefix_identity: bool) -> None:
     """Serve ``workload`` on ``replica`` (a fresh ``_Replica`` that :func:`eligible` accepts) as the simulator's
     ``_run`` does: records every request in ``requests`` and every step in ``log``; raises :class:`StoppedEarly`
-    (with the preemptions so far) when one of ``rules`` breaks."""
+    (with the preemptions so far) when one of ``rules`` breaks. With ``prefix_identity`` (the workload's segments,
+    and prefix caching on) the prefix cache is looked up and filled as the scheduler does."""
     scheduler, step_model = replica.scheduler, replica.step_model
     overhead = step_model.overhead
     n, pp = len(workload), replica.pp
@@ -117,12 +132,25 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     cfg_i = np.array([n, sends, closed, scheduler.token_budget, scheduler.max_num_seqs, scheduler.block_size,
                       scheduler.capacity, scheduler.chunked_prefill, replica.async_scheduling,
                       overhead.has_front_end, requests.gaps is None, requests.stream_interval,
-                      max(1, n // 100), progress is not None, pp], dtype=np.int64)
+                      max(1, n // 100), progress is not None, pp, prefix_identity], dtype=np.int64)
     cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us])
     prompt = workload.prompt_tokens.astype(np.int64)
     output = workload.output_tokens.astype(np.int64)
     arrival_s = workload.arrival_s.astype(np.float64)
-    req_i = np.zeros((n, 5), dtype=np.int64)
+    req_i = np.zeros((n, 11), dtype=np.int64)
+    if prefix_identity:
+        prefixes = workload.prefixes
+        req_i[:, _SEG_LO], req_i[:, _SEG_HI] = prefixes.offsets[:-1], prefixes.offsets[1:]
+        req_i[:, _OUTPUT_ID] = prefixes.output_ids
+        # The prompts' segments, then a column for the answer being cached.
+        segments = np.zeros((2, len(prefixes.segment_ids) + 1), dtype=np.int64)
+        segments[0, :-1], segments[1, :-1] = prefixes.segment_ids, prefixes.segment_tokens
+        nodes, children, lru, path, cs = new_cache(prefixes)
+    else:
+        segments, nodes, children, lru = (np.zeros((2, 1), dtype=np.int64), np.zeros((1, len(NODE_COLUMNS)),
+                                          dtype=np.int64), np.zeros((1, 4), dtype=np.int64),
+                                          np.zeros((1, 3), dtype=np.int64))
+        path, cs = np.zeros(1, dtype=np.int64), np.zeros(6, dtype=np.int64)
     req_s = np.full((n, 6), -1.0)
     queues = np.zeros((3, n), dtype=np.int64)  # the waiting ring, the running requests, a step's finished ones
     # The micro-batches in flight, a ring of pp slots: requests, their new tokens, summary, end.
@@ -155,7 +183,8 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     while True:
         status = _core_loop(cfg_i, cfg_f, prompt, output, arrival_s, requests.token_offsets, req_i, req_s, queues,
                             flight_rids, flight_new, flight_i, flight_end, chunks, heap_s, heap_i, keys, values,
-                            need, layers, answer, rule_i, rule_ms, rows, gap_values, gap_counts, token_times, st, sf)
+                            need, layers, answer, rule_i, rule_ms, rows, gap_values, gap_counts, token_times, st, sf,
+                            segments, nodes, children, lru, path, cs)
         if status == _NEED_ENTRIES:
             for key, row in zip(need[:st[_NEEDS], :1 + _KEY_WIDTH], _entries(step_model, need[:st[_NEEDS]])):
                 if 2 * (entries + 1) > len(keys):
@@ -167,6 +196,8 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
             st[_ROWS] = 0
         elif status == _GAPS_FULL:
             gap_values, gap_counts = _grown_gaps(gap_values, gap_counts)
+        elif status == _CACHE_FULL:
+            nodes, children, lru = grown(nodes, children, lru)
         elif status == _PROGRESS:
             progress(int(st[_FINISHED]))
         else:
@@ -186,6 +217,7 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     requests.first_token_s[:] = req_s[:, _FIRST_TOKEN]
     requests.finish_s[:] = req_s[:, _LAST_TOKEN]
     requests.preemptions[:] = req_i[:, _PREEMPTIONS]
+    requests.cached_tokens[:] = req_i[:, _CACHED_TOKENS]
     requests.finished = n
 
 
@@ -371,6 +403,43 @@ def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
 
 
 @inner
+def _take(req_i: np.ndarray, st: np.ndarray, nodes: np.ndarray, lru: np.ndarray, cs: np.ndarray, rid: int,
+          blocks: int) -> None:
+    """``Scheduler._take``: give ``rid`` ``blocks`` more blocks, evicting cached ones when too few are free (the
+    caller checked that enough are available)."""
+    if blocks > st[_FREE]:
+        st[_FREE] += evict(nodes, lru, cs, blocks - st[_FREE])
+    st[_FREE] -= blocks
+    req_i[rid, _KV_HELD] += blocks
+
+
+@inner
+def _drop(req_i: np.ndarray, st: np.ndarray, nodes: np.ndarray, lru: np.ndarray, cs: np.ndarray, path: np.ndarray,
+          rid: int) -> None:
+    """``Scheduler._drop``: free what ``rid`` holds and drop its references to the cache."""
+    st[_FREE] += req_i[rid, _KV_HELD]
+    req_i[rid, _KV_HELD] = 0
+    if req_i[rid, _PATH_LEN]:
+        release(nodes, lru, cs, path, req_i[rid, _SEG_LO] + rid, req_i[rid, _PATH_LEN])
+        req_i[rid, _PATH_LEN] = 0
+    req_i[rid, _CACHED_UNITS] = 0
+
+
+@inner
+def _cache_segments(req_i: np.ndarray, nodes: np.ndarray, children: np.ndarray, cs: np.ndarray,
+                    segments: np.ndarray, path: np.ndarray, rid: int, lo: int, hi: int, block: int) -> None:
+    """``Scheduler._cache_segments``: segments ``lo:hi`` join the cache after ``rid``'s path, and the blocks of the
+    nodes this made pass from the request to the cache."""
+    added, units = insert(nodes, children, cs, segments, lo, hi, path, req_i[rid, _SEG_LO] + rid,
+                          req_i[rid, _PATH_LEN], block)
+    req_i[rid, _PATH_LEN] += added
+    if units > req_i[rid, _KV_HELD]:
+        units = req_i[rid, _KV_HELD]
+    req_i[rid, _KV_HELD] -= units
+    req_i[rid, _CACHED_UNITS] += units
+
+
+@inner
 def _drop_running(running: np.ndarray, st: np.ndarray, at: int) -> None:
     """Take the running request at position ``at`` out, the others kept in order (``list.remove``, ``del``)."""
     for j in range(at, st[_R_COUNT] - 1):
@@ -400,7 +469,8 @@ def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary:
 @inner
 def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
-              sf: np.ndarray) -> bool:
+              sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray, children: np.ndarray, lru: np.ndarray,
+              path: np.ndarray, cs: np.ndarray) -> bool:
     """``VllmScheduler.schedule``: the step's requests and new tokens go to ``rids`` and ``news``, its prompt
     chunks to ``chunks``, its summary to ``summary`` (a ``flight_i`` row), and its requests are marked in flight
     (:func:`_add_to_step`). Returns whether it scheduled anything."""
@@ -419,10 +489,11 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
         computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
         left = prompt[rid] + generated - computed
         new = left if left < budget else budget
-        need = -(-(computed + new) // block) - req_i[rid, _KV_HELD]
+        need = -(-(computed + new) // block) - req_i[rid, _KV_HELD] - req_i[rid, _CACHED_UNITS]
         if need > 0:
             got = True
-            while need > st[_FREE]:  # preempt the newest running request from this one on that is not in flight
+            while need > st[_FREE] + cs[EVICTABLE]:  # preempt the newest running request from this one on that is
+                # not in flight
                 preempted = True
                 at = st[_R_COUNT] - 1
                 while at >= i - 1 and req_i[running[at], _IN_FLIGHT]:
@@ -432,8 +503,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                     break
                 victim = running[at]
                 _drop_running(running, st, at)
-                st[_FREE] += req_i[victim, _KV_HELD]
-                req_i[victim, _KV_HELD] = 0
+                _drop(req_i, st, nodes, lru, cs, path, victim)
                 req_i[victim, _COMPUTED] = 0
                 req_i[victim, _PREEMPTIONS] += 1
                 st[_W_HEAD] = (st[_W_HEAD] - 1) % n
@@ -444,8 +514,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                     break
             if not got:
                 break
-            st[_FREE] -= need
-            req_i[rid, _KV_HELD] += need
+            _take(req_i, st, nodes, lru, cs, rid, need)
         _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed, left == 1 and generated > 0)
         budget -= new
     if not preempted:
@@ -454,16 +523,28 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             if req_s[rid, _REACHED] > sf[_ADMIT_BEFORE]:
                 break
             computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
-            new = prompt[rid] + generated - computed
+            # Scheduler.lookup: the cache hit of a request with nothing computed.
+            at, count, hit, pinned = req_i[rid, _SEG_LO] + rid, 0, 0, 0
+            if cfg_i[_C_CACHE] and not computed:
+                count, matched = match(nodes, children, segments, req_i[rid, _SEG_LO], req_i[rid, _SEG_HI], path, at)
+                seq_len = prompt[rid] + generated
+                hit = (matched if matched < seq_len - 1 else seq_len - 1) // block * block
+                count, pinned = covering(nodes, path, at, count, hit) if hit else (0, 0)
+            new = prompt[rid] + generated - computed - hit
             if budget <= 0 or (new > budget and not cfg_i[_C_CHUNKED]):
                 break
             if new > budget:
                 new = budget
-            need = -(-(computed + new) // block) - req_i[rid, _KV_HELD]
-            if need > st[_FREE]:
+            need = -(-(computed + hit + new) // block) - req_i[rid, _KV_HELD] - hit // block
+            if need + pinned > st[_FREE] + cs[EVICTABLE]:
                 break
-            st[_FREE] -= need
-            req_i[rid, _KV_HELD] += need
+            if count:  # Scheduler.admit_hit
+                acquire(nodes, cs, path, at, count)
+                req_i[rid, _PATH_LEN] = count
+                req_i[rid, _CACHED_UNITS] = hit // block
+                computed = req_i[rid, _COMPUTED] = hit
+            req_i[rid, _CACHED_TOKENS] = hit
+            _take(req_i, st, nodes, lru, cs, rid, need)
             st[_W_HEAD] = (st[_W_HEAD] + 1) % n
             st[_W_COUNT] -= 1
             running[st[_R_COUNT]] = rid
@@ -479,20 +560,24 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
 @inner
 def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
                rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
-               sf: np.ndarray) -> bool:
+               sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray, children: np.ndarray, lru: np.ndarray,
+               path: np.ndarray, cs: np.ndarray) -> bool:
     """``_Replica._schedule``: under async scheduling (one stage) the host begins the step while the one before
     runs, and admits only requests that reached the engine by then, unless nothing else would run."""
     now_s = sf[_NOW]
     if not cfg_i[_C_ASYNC]:
-        return _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
+        return _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments, nodes,
+                         children, lru, path, cs)
     earliest_s = sf[_GPU_START] if sf[_STAGE_FREE] >= now_s else now_s
     host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
     sf[_ADMIT_BEFORE] = host_start_s
-    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
+    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments, nodes,
+                       children, lru, path, cs)
     if not formed and host_start_s < now_s and st[_W_COUNT]:
         sf[_HOST_START] = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
         sf[_ADMIT_BEFORE] = np.inf
-        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf)
+        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments, nodes,
+                       children, lru, path, cs)
     return formed
 
 
@@ -645,7 +730,8 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                chunks: np.ndarray, heap_s: np.ndarray, heap_i: np.ndarray, keys: np.ndarray, values: np.ndarray,
                need: np.ndarray, layers: np.ndarray, answer: np.ndarray, rule_i: np.ndarray, rule_ms: np.ndarray,
                rows: np.ndarray, gap_values: np.ndarray, gap_counts: np.ndarray, token_times: np.ndarray,
-               st: np.ndarray, sf: np.ndarray) -> int:
+               st: np.ndarray, sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray, children: np.ndarray,
+               lru: np.ndarray, path: np.ndarray, cs: np.ndarray) -> int:
     """Run events until the run ends or Python must act (the module docstring says when); returns why. Every
     array is state that a later call goes on from."""
     n, sends, closed, pp = cfg_i[_C_N], cfg_i[_C_SENDS], cfg_i[_C_CLOSED], cfg_i[_C_PP]
@@ -696,7 +782,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             row = rows[st[_ROWS]]
             row[0], row[1], row[2], row[3] = 0, start_s, end_s, summary[_M_LEN]
             row[4], row[5], row[6] = prefill_tokens + num_decodes, prefill_tokens, num_decodes
-            row[7] = (cfg_i[_C_CAPACITY] - st[_FREE]) * cfg_i[_C_BLOCK]
+            row[7] = (cfg_i[_C_CAPACITY] - st[_FREE] - cs[EVICTABLE]) * cfg_i[_C_BLOCK]
             st[_ROWS] += 1
             flight_end[slot] = end_s
             st[_F_COUNT] += 1
@@ -705,7 +791,8 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
         if st[_LAUNCH]:  # every event of the instant is in: form steps while the pipeline has room
             slot = (st[_F_HEAD] + st[_F_COUNT]) % pp
             if st[_F_COUNT] < pp and _form_step(cfg_i, prompt, req_i, req_s, queues, flight_rids[slot],
-                                                flight_new[slot], flight_i[slot], chunks, st, sf):
+                                                flight_new[slot], flight_i[slot], chunks, st, sf, segments, nodes,
+                                                children, lru, path, cs):
                 st[_PENDING] = 1
             else:
                 st[_LAUNCH] = 0
@@ -742,6 +829,12 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             summary, rids, news = flight_i[slot], flight_rids[slot], flight_new[slot]
             if not cfg_i[_C_KEEP_TIMES] and 2 * (st[_GAPS] + summary[_M_LEN]) > len(gap_values):
                 return _GAPS_FULL  # each of the step's tokens may add a value
+            if cfg_i[_C_CACHE]:  # each request may add a node per segment of its prompt and one for its answer
+                new_nodes = 0
+                for k in range(summary[_M_LEN]):
+                    new_nodes += req_i[rids[k], _SEG_HI] - req_i[rids[k], _SEG_LO] + 1
+                if cs[NODES] + new_nodes > len(nodes):
+                    return _CACHE_FULL
             now_s = sf[_NOW] = first_end_s
             st[_F_HEAD] = (slot + 1) % pp
             st[_F_COUNT] -= 1
@@ -771,6 +864,14 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                         finished += 1
             if run:
                 _count_gaps(gap_values, gap_counts, st, run_gap_s, run)
+            if cfg_i[_C_CACHE]:  # Scheduler.step_done: prompts the step completed join the cache
+                for k in range(summary[_M_LEN]):
+                    rid = rids[k]
+                    computed = req_i[rid, _COMPUTED]
+                    if computed - news[k] < prompt[rid] <= computed:
+                        _cache_segments(req_i, nodes, children, cs, segments, path, rid,
+                                        req_i[rid, _SEG_LO] + req_i[rid, _PATH_LEN], req_i[rid, _SEG_HI],
+                                        cfg_i[_C_BLOCK])
             for rule in range(len(rule_i)):  # ViolationCounter.step_done
                 metric = rule_i[rule, 0]
                 if metric == 0 and summary[_M_CHUNKS]:
@@ -792,8 +893,14 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 while running[at] != rid:
                     at += 1
                 _drop_running(running, st, at)
-                st[_FREE] += req_i[rid, _KV_HELD]
-                req_i[rid, _KV_HELD] = 0
+                lo, hi = req_i[rid, _SEG_LO], req_i[rid, _SEG_HI]
+                if cfg_i[_C_CACHE] and req_i[rid, _OUTPUT_ID] >= 0 and req_i[rid, _PATH_LEN] == hi - lo:
+                    # its answer joins the cache, a segment of one row after its prompt's
+                    segments[0, len(segments[0]) - 1], segments[1, len(segments[0]) - 1] = (req_i[rid, _OUTPUT_ID],
+                                                                                            output[rid])
+                    _cache_segments(req_i, nodes, children, cs, segments, path, rid, len(segments[0]) - 1,
+                                    len(segments[0]), cfg_i[_C_BLOCK])
+                _drop(req_i, st, nodes, lru, cs, path, rid)
                 st[_FINISHED] += 1
                 if closed and st[_ISSUED] < n:
                     issued = st[_ISSUED]

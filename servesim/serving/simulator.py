@@ -200,8 +200,8 @@ def simulate(
     prefix_identity = workload.prefixes is not None and fleet[0].scheduler.cache is not None
     steps = StepLog()
     try:
-        if fast_forward_decodes and compiled_loop.eligible(fleet, workload, prefix_identity):
-            compiled_loop.run(fleet[0], workload, requests, steps, tuple(stop_rules), progress)
+        if fast_forward_decodes and compiled_loop.eligible(fleet, workload):
+            compiled_loop.run(fleet[0], workload, requests, steps, tuple(stop_rules), progress, prefix_identity)
         else:
             _run(fleet, workload, requests, steps, make_router(router, seed), fast_forward_decodes,
                  ViolationCounter(stop_rules) if stop_rules else None, progress)

@@ -5,10 +5,10 @@
 Runs each command as ``servesim ARGS --json`` with the step store (servesim/planner/step_store.py) in a fresh
 temporary folder, so that runs on different code or machines compare: a plan or a simulate runs once to fill the
 store (its time is the "empty store" figure) and then ``--repeat`` times more with it filled; ``latency``, which
-does not use the store, runs ``--repeat`` times. numba's cache is whatever the installation has: run any command once after
-installing. ``--first-run`` first runs each command as the first one after an install does, with numba's cache
-(``NUMBA_CACHE_DIR``) and the step store in new empty folders. Prints one row per command: the median wall time of
-the repeats, the empty-store time and the first-run time.
+does not use the store, runs ``--repeat`` times. numba's cache is whatever the installation has: run any command
+once after installing. ``--first-run`` first runs each command as the first one after an install does, with
+numba's cache (``NUMBA_CACHE_DIR``) and the step store in new empty folders. Prints one row per command: the
+median wall time of the repeats, the empty-store time and the first-run time.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ COMMANDS = {
     "simulate-prefix-sglang": "simulate --model qwen3-8b --gpu H100 --engine sglang --workload chat-shared-prefix "
                               "--qps 8 -n 2000",
     "readme-plan": "plan --model llama3-70b --tp 4 --gpus H100,H20",
+    "plan-prefix-vllm": "plan --model llama3.1-70b --tp 4 --gpus H100,H20 --workload chat-shared-prefix",
     "four-gpu-plan": "plan --model llama3-70b --gpus H100,H200,H20,A100 --qps 20 --ttft-p90 2000 --tpot-p99 100",
 }
 COLUMNS = (

@@ -14,6 +14,8 @@ from servesim.hardware import get_gpu
 from servesim.models import get_model
 from servesim.models.parallel import Parallelism
 from servesim.serving import compiled_loop
+from servesim.serving.compiled_cache import grown as grow
+from servesim.serving.compiled_cache import new_cache
 from servesim.serving.deployment import build_deployment
 from servesim.serving.simulator import simulate
 from servesim.serving.step_time import StepTimeModel
@@ -114,6 +116,23 @@ def test_a_shared_prefix_workload_hits_evicts_and_preempts_alike_in_both_loops(s
     workload = build_workload("shared-prefix:4,8:1500:200:400", 200, qps=30, seed=2)
     compiled, python = both(dep, steps, workload)
     assert python.cached_tokens.sum() > 0 and python.preemptions.sum() > 0
+    assert_same(compiled, python)
+
+
+def test_prefix_cache_arrays_grown_from_two_nodes_give_the_same_run(step_models, monkeypatch):
+    """The cache's arrays start with room for two nodes: the run grows them (refiling the children table) and
+    compacts the eviction heap over and over, and still evicts what the Python cache evicts."""
+    def tiny(segments):
+        nodes, children, lru, path, cs = new_cache(segments)
+        return nodes[:2].copy(), np.full((4, 4), -1, dtype=np.int64), lru[:4].copy(), path, cs
+
+    monkeypatch.setattr(compiled_loop, "new_cache", tiny)
+    grown = []
+    monkeypatch.setattr(compiled_loop, "grown", lambda *arrays: grown.append(len(arrays[0])) or grow(*arrays))
+    dep, steps = step_model(step_models, "vllm", True, False)
+    workload = build_workload("shared-prefix:4,8:1500:200:400", 120, qps=30, seed=4)
+    compiled, python = both(dep, steps, workload)
+    assert len(grown) >= 3 and python.cached_tokens.sum() > 0 and python.preemptions.sum() > 0
     assert_same(compiled, python)
 
 

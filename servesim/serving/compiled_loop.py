@@ -565,20 +565,20 @@ def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: 
     """``_Replica._schedule``: under async scheduling (one stage) the host begins the step while the one before
     runs, and admits only requests that reached the engine by then, unless nothing else would run."""
     now_s = sf[_NOW]
-    if not cfg_i[_C_ASYNC]:
-        return _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments, nodes,
-                         children, lru, path, cs)
-    earliest_s = sf[_GPU_START] if sf[_STAGE_FREE] >= now_s else now_s
-    host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
-    sf[_ADMIT_BEFORE] = host_start_s
-    formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments, nodes,
-                       children, lru, path, cs)
-    if not formed and host_start_s < now_s and st[_W_COUNT]:
+    retry = False
+    if cfg_i[_C_ASYNC]:
+        earliest_s = sf[_GPU_START] if sf[_STAGE_FREE] >= now_s else now_s
+        host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
+        sf[_ADMIT_BEFORE] = host_start_s
+        retry = host_start_s < now_s
+    while True:  # one call site: numba compiles the scheduler into the loop once
+        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments,
+                           nodes, children, lru, path, cs)
+        if formed or not retry or not st[_W_COUNT]:
+            return formed
+        retry = False
         sf[_HOST_START] = now_s if now_s > sf[_CPU_FREE] else sf[_CPU_FREE]
         sf[_ADMIT_BEFORE] = np.inf
-        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments, nodes,
-                       children, lru, path, cs)
-    return formed
 
 
 @inner

@@ -123,6 +123,9 @@ class StepTimeModel:
         #: tokens its dense kernels see (padded to a captured size in a graph); a mixed step asks for several.
         self.graph_plan = functools.lru_cache(maxsize=65536)(self._graph_plan)
         self.step_time_us = functools.lru_cache(maxsize=65536)(self._step_time_us)
+        #: A batch's attention kernels (``step_part``): the decodes and chunks of a mixed batch, expanded apart, recur
+        #: in the batches beside it (other chunk or decode counts at the same lengths).
+        self.attention_ops = functools.lru_cache(maxsize=4096)(functools.partial(self._step_part, "attention"))
         #: Each stage's time outside attention, µs, by (tokens, requests, decode only) (:meth:`rest_time_us`).
         self.rest_times: dict[tuple[int, int, bool], tuple[float, ...]] = {}
         self.rest_time_us = functools.lru_cache(maxsize=65536)(self._rest_time_us)
@@ -259,7 +262,7 @@ class StepTimeModel:
         new = [batch for batch in dict.fromkeys(batches) if batch not in known]
         if new:
             # Each batch's launched kernels, then (a mixed batch) its decodes' and its chunks' kernels apart.
-            launched = [self._step_part("attention", batch) for batch in new]
+            launched = [self.attention_ops(batch) for batch in new]
             apart = [self._attention_apart(batch) for batch in new]
             times_us = self.kernel_times_us([kernel for kernels in (*launched, *apart) for kernel in kernels])
             start = 0
@@ -286,8 +289,8 @@ class StepTimeModel:
         (docs/validation-results.md)."""
         if not (batch.prefills and batch.decodes):
             return ()
-        return (*self._step_part("attention", BatchSpec(decodes=batch.decodes)),
-                *self._step_part("attention", BatchSpec(prefills=batch.prefills)))
+        return (*self.attention_ops(BatchSpec(decodes=batch.decodes)),
+                *self.attention_ops(BatchSpec(prefills=batch.prefills)))
 
     def compose(self, rest_stage_us: tuple[float, ...], attention_us: float, attention_kernels: float,
                 num_requests: int, graph_mode: str) -> StepTime:

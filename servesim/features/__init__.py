@@ -224,11 +224,11 @@ def _gemm_family_features(kernels: Sequence[Gemm | ScaledMM], gpu: GpuSpec) -> n
     issued["dram"] = issued["l2"] * share
     tile_cycles = np.max(np.vstack([issued.get(p, np.zeros(len(m))) / rate for p, rate in zip(PIPES, rates)]), axis=0)
     threads = np.broadcast_to(np.asarray(t.threads), m.shape)
-    keys = np.column_stack([threads, t.smem_bytes])
     ctas_per_sm = np.zeros(len(m))
-    for key in np.unique(keys, axis=0):
-        rows_of_key = np.all(keys == key, axis=1)
-        ctas_per_sm[rows_of_key] = occupancy(LaunchConfig(int(key[0]), t.registers, int(key[1])), gpu).ctas_per_sm
+    # One occupancy per distinct (threads, shared memory) tile: both fit in 32 bits, so one integer keys them.
+    keys = threads.astype(np.int64) << 32 | np.asarray(t.smem_bytes, dtype=np.int64)
+    for key in np.unique(keys).tolist():
+        ctas_per_sm[keys == key] = occupancy(LaunchConfig(key >> 32, t.registers, key & 0xFFFFFFFF), gpu).ctas_per_sm
     grid = np.where(t.persistent, np.minimum(tasks, sm_count * ctas_per_sm), tasks)
     per_sm_max = -(-tasks // sm_count)
     busy_max = per_sm_max * tile_cycles

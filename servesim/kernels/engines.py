@@ -217,6 +217,13 @@ class EngineKernels:
         return "custom_ar" if nbytes < gpu.custom_ar_limit_bytes else "nccl"
 
 
+@functools.lru_cache(maxsize=64)
+def _vllm_capture_sizes(limit: int) -> tuple[int, ...]:
+    """vLLM V1's CUDA-graph capture sizes up to ``limit`` tokens: 1, 2, 4, then multiples of 8 (asked for by every
+    step expanded, hence memoised)."""
+    return (*(size for size in (1, 2, 4) if size <= limit), *range(8, limit + 1, 8))
+
+
 @dataclass(frozen=True, eq=False)  # keeps EngineKernels's hash (name, version)
 class VllmKernels(EngineKernels):
     """vLLM V1 0.11: ``cudagraph_mode=FULL_AND_PIECEWISE``; capture sizes 1, 2, 4 and multiples of 8 up to the
@@ -226,8 +233,7 @@ class VllmKernels(EngineKernels):
     max_capture_tokens: int = 512
 
     def capture_sizes(self, gpu: GpuTraits, tp: int, capture_tokens: int | None = None) -> tuple[int, ...]:
-        limit = self.max_capture_tokens if capture_tokens is None else capture_tokens
-        return (*(size for size in (1, 2, 4) if size <= limit), *range(8, limit + 1, 8))
+        return _vllm_capture_sizes(self.max_capture_tokens if capture_tokens is None else capture_tokens)
 
     def graph_plan(self, num_tokens: int, decode_only: bool, gpu: GpuTraits, tp: int,
                    local_attention: bool = False, capture_tokens: int | None = None) -> GraphPlan:

@@ -111,6 +111,59 @@ jit = numba.njit(cache=True, error_model="numpy")
 #: this one also needs no Python wrapper and no cache files of its own. Called from Python it runs as plain Python.
 inner = register_jitable(error_model="numpy")
 
+@inner
+def _heap_less(keys: np.ndarray, rows: np.ndarray, a: int, b: int) -> bool:
+    return keys[a] < keys[b] or (keys[a] == keys[b] and rows[a, 0] < rows[b, 0])
+
+
+@inner
+def _heap_swap(keys: np.ndarray, rows: np.ndarray, a: int, b: int) -> None:
+    keys[a], keys[b] = keys[b], keys[a]
+    for column in range(3):
+        rows[a, column], rows[b, column] = rows[b, column], rows[a, column]
+
+
+@inner
+def heap_sift_down(keys: np.ndarray, rows: np.ndarray, size: int, at: int) -> None:
+    """Move entry ``at`` of a heap of ``size`` entries down to its place."""
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and _heap_less(keys, rows, child + 1, child):
+            child += 1
+        if not _heap_less(keys, rows, child, at):
+            break
+        _heap_swap(keys, rows, at, child)
+        at = child
+
+
+@inner
+def heap_push(keys: np.ndarray, rows: np.ndarray, sizes: np.ndarray, which: int, key: float, tie: int, a: int,
+              b: int) -> None:
+    """``heapq.heappush`` of (``key``, ``tie``, ``a``, ``b``) onto a binary heap in compiled loops: the keys in
+    ``keys``, the rest in the first three columns of ``rows`` (ordered by key, then ``tie``), its size in
+    ``sizes[which]``."""
+    at = sizes[which]
+    sizes[which] += 1
+    keys[at], rows[at, 0], rows[at, 1], rows[at, 2] = key, tie, a, b
+    while at > 0:
+        parent = (at - 1) // 2
+        if not _heap_less(keys, rows, at, parent):
+            break
+        _heap_swap(keys, rows, at, parent)
+        at = parent
+
+
+@inner
+def heap_pop(keys: np.ndarray, rows: np.ndarray, sizes: np.ndarray, which: int) -> None:
+    """Drop the first entry of a :func:`heap_push` heap (read it from slot 0 before)."""
+    last = sizes[which] - 1
+    sizes[which] = last
+    _heap_swap(keys, rows, 0, last)
+    heap_sift_down(keys, rows, last, 0)
+
+
 #: numpy's pairwise summation (``PW_BLOCKSIZE``) sums blocks of up to this many values with 8 partial sums.
 _PAIRWISE_BLOCK = 128
 #: Enough nesting for any array (each level halves the count).
@@ -208,5 +261,5 @@ def stable_argsort(values: np.ndarray, descending: bool) -> np.ndarray:
 
 announce_if_cold()
 
-__all__ = ["COMPILE_NOTICE", "announce_if_cold", "cache_index", "cache_is_cold", "jit",
-           "pairwise_sum", "stable_argsort"]
+__all__ = ["COMPILE_NOTICE", "announce_if_cold", "cache_index", "cache_is_cold", "heap_pop", "heap_push",
+           "heap_sift_down", "inner", "jit", "pairwise_sum", "stable_argsort"]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from servesim.serving import compiled_cache as arrays
 from servesim.serving.prefix_cache import PrefixCache
-from servesim.workloads.prefix import UNIQUE
+from servesim.workloads.prefix import UNIQUE, PromptSegments
 
 UNIT_TOKENS = 16
 #: Prompts of up to two segments over two ids of one length: at most 2 + 4 nodes are ever alive at once, so a heap
@@ -23,19 +23,19 @@ OPERATIONS = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["insert"] * 
 
 
 class ArrayCache:
-    """The array cache's functions over one set of arrays, with a heap of ``heap_rows`` rows."""
+    """The array cache's functions over one set of arrays (made by ``new_cache``, grown to room for every node a
+    test can make), with a heap of ``heap_rows`` rows."""
 
     def __init__(self, prompts: list[list[int]], heap_rows: int) -> None:
-        self.segments = np.array([[i for prompt in prompts for i in prompt],
-                                  [UNIT_TOKENS for prompt in prompts for _ in prompt]], dtype=np.int64)
-        self.offsets = np.cumsum([0] + [len(prompt) for prompt in prompts])
-        self.nodes = np.zeros((1000, len(arrays.NODE_COLUMNS)), dtype=np.int64)
-        self.nodes[0, 0], self.nodes[0, 1], self.nodes[0, 6] = -1, UNIQUE, 1
-        self.children = np.full((2048, 4), -1, dtype=np.int64)
-        self.lru = np.zeros((heap_rows, 3), dtype=np.int64)
-        self.path = np.zeros(len(self.segments[0]) + len(prompts), dtype=np.int64)
-        self.cs = np.zeros(6, dtype=np.int64)
-        self.cs[arrays.NODES] = 1
+        segments = PromptSegments(np.cumsum([0] + [len(prompt) for prompt in prompts]),
+                                  [i for prompt in prompts for i in prompt],
+                                  [UNIT_TOKENS for prompt in prompts for _ in prompt], [UNIQUE] * len(prompts))
+        self.segments = np.array([segments.segment_ids, segments.segment_tokens])
+        self.offsets = segments.offsets
+        self.nodes, self.children, lru, self.path, self.cs = arrays.new_cache(segments)
+        while len(self.nodes) < 1000:
+            self.nodes, self.children, lru = arrays.grown(self.nodes, self.children, lru)
+        self.lru = lru[:heap_rows].copy()
 
     def at(self, request: int) -> int:
         return int(self.offsets[request]) + request

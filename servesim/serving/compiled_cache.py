@@ -7,9 +7,10 @@ recently used eviction, operation for operation, so that both loops evict the sa
 - A node's children are found by (parent, segment id, tokens) in ``children``, an open-addressing table whose
   rows are the key and the node. An evicted child's row stays and points at a dead node, which reads as absent;
   the key made again takes the row over.
-- The queue of unreferenced leaves is a binary heap ``lru`` of (last used, tie-breaker, node) rows, its stale rows
-  skipped when popped as ``PrefixCache.evict`` skips them. A full heap drops the rows that can never be valid
-  again (the node was evicted or used since), which leaves the order of the others as it was.
+- The queue of unreferenced leaves is a binary heap (``servesim.compiled.heap_push``) in ``lru``: rows of (last
+  used, tie-breaker, node, 0), its stale rows skipped when popped as ``PrefixCache.evict`` skips them. A full heap
+  drops the rows that can never be valid again (the node was evicted or used since), which leaves the order of
+  the others as it was.
 - A request's path (the nodes it references) is its segments' nodes in order, then its answer's: ``path`` holds
   them at the request's first segment's index plus its request number.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from servesim.compiled import inner, jit
+from servesim.compiled import heap_pop, heap_push, heap_sift_down, inner, jit
 from servesim.workloads.prefix import UNIQUE, PromptSegments
 
 #: A node's columns in ``nodes``.
@@ -41,7 +42,7 @@ def new_cache(segments: PromptSegments) -> tuple[np.ndarray, np.ndarray, np.ndar
     cs = np.zeros(6, dtype=np.int64)
     cs[NODES] = 1
     children = np.full((_table_slots(len(nodes)), 4), -1, dtype=np.int64)
-    return nodes, children, np.zeros((2 * len(nodes), 3), dtype=np.int64), np.zeros(
+    return nodes, children, np.zeros((2 * len(nodes), 4), dtype=np.int64), np.zeros(
         len(segments.segment_ids) + len(segments), dtype=np.int64), cs
 
 
@@ -51,7 +52,7 @@ def grown(nodes: np.ndarray, children: np.ndarray, lru: np.ndarray) -> tuple[np.
     more[:len(nodes)] = nodes
     table = np.full((_table_slots(len(more)), 4), -1, dtype=np.int64)
     _refile_children(nodes, children, table)
-    heap = np.zeros((2 * len(more), 3), dtype=np.int64)
+    heap = np.zeros((2 * len(more), 4), dtype=np.int64)
     heap[:len(lru)] = lru
     return more, table, heap
 
@@ -101,41 +102,6 @@ def _tick(cs: np.ndarray) -> int:
 
 
 @inner
-def _lru_less(lru: np.ndarray, a: int, b: int) -> bool:
-    return lru[a, 0] < lru[b, 0] or (lru[a, 0] == lru[b, 0] and lru[a, 1] < lru[b, 1])
-
-
-@inner
-def _lru_swap(lru: np.ndarray, a: int, b: int) -> None:
-    for column in range(3):
-        lru[a, column], lru[b, column] = lru[b, column], lru[a, column]
-
-
-@inner
-def _lru_sift_up(lru: np.ndarray, at: int) -> None:
-    while at > 0:
-        parent = (at - 1) // 2
-        if not _lru_less(lru, at, parent):
-            break
-        _lru_swap(lru, at, parent)
-        at = parent
-
-
-@inner
-def _lru_sift_down(lru: np.ndarray, size: int, at: int) -> None:
-    while True:
-        child = 2 * at + 1
-        if child >= size:
-            break
-        if child + 1 < size and _lru_less(lru, child + 1, child):
-            child += 1
-        if not _lru_less(lru, child, at):
-            break
-        _lru_swap(lru, at, child)
-        at = child
-
-
-@inner
 def _lru_push(nodes: np.ndarray, lru: np.ndarray, cs: np.ndarray, last_used: int, node: int) -> None:
     """``heapq.heappush(self._lru, (last_used, next(self._tie), node))``; a full heap first drops its rows that
     can never be valid again (its node evicted, or used since the row was pushed: ``last_used`` only grows)."""
@@ -149,12 +115,9 @@ def _lru_push(nodes: np.ndarray, lru: np.ndarray, cs: np.ndarray, last_used: int
                 kept += 1
         cs[LRU_SIZE] = kept
         for at in range(kept // 2 - 1, -1, -1):
-            _lru_sift_down(lru, kept, at)
-    at = cs[LRU_SIZE]
-    cs[LRU_SIZE] += 1
-    lru[at, 0], lru[at, 1], lru[at, 2] = last_used, cs[TIE], node
+            heap_sift_down(lru[:, 0], lru[:, 1:], kept, at)
+    heap_push(lru[:, 0], lru[:, 1:], cs, LRU_SIZE, last_used, cs[TIE], node, 0)
     cs[TIE] += 1
-    _lru_sift_up(lru, at)
 
 
 @inner
@@ -255,10 +218,7 @@ def evict(nodes: np.ndarray, lru: np.ndarray, cs: np.ndarray, units: int) -> int
     freed = 0
     while freed < units and cs[LRU_SIZE]:
         last_used, node = lru[0, 0], lru[0, 2]
-        size = cs[LRU_SIZE] - 1
-        cs[LRU_SIZE] = size
-        _lru_swap(lru, 0, size)
-        _lru_sift_down(lru, size, 0)
+        heap_pop(lru[:, 0], lru[:, 1:], cs, LRU_SIZE)
         if (nodes[node, _REFS] or nodes[node, _CHILDREN] or nodes[node, _LAST_USED] != last_used
                 or nodes[node, _PARENT] == EVICTED):
             continue

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from servesim.compiled import inner, jit
+from servesim.compiled import heap_pop, heap_push, inner, jit
 from servesim.serving.compiled_cache import (
     EVICTABLE,
     NODE_COLUMNS,
@@ -149,7 +149,7 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     else:
         segments, nodes, children, lru = (np.zeros((2, 1), dtype=np.int64), np.zeros((1, len(NODE_COLUMNS)),
                                           dtype=np.int64), np.zeros((1, 4), dtype=np.int64),
-                                          np.zeros((1, 3), dtype=np.int64))
+                                          np.zeros((1, 4), dtype=np.int64))
         path, cs = np.zeros(1, dtype=np.int64), np.zeros(6, dtype=np.int64)
     req_s = np.full((n, 6), -1.0)
     queues = np.zeros((3, n), dtype=np.int64)  # the waiting ring, the running requests, a step's finished ones
@@ -355,51 +355,6 @@ def _entry(keys: np.ndarray, need: np.ndarray, st: np.ndarray, kind: int, k0: in
     row[0], row[1], row[2], row[3], row[4], row[5], row[6] = kind, k0, k1, k2, k3, k4, k5
     st[_NEEDS] += 1
     return -1
-
-
-@inner
-def _heap_less(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> bool:
-    return heap_s[a] < heap_s[b] or (heap_s[a] == heap_s[b] and heap_i[a, 0] < heap_i[b, 0])
-
-
-@inner
-def _heap_swap(heap_s: np.ndarray, heap_i: np.ndarray, a: int, b: int) -> None:
-    heap_s[a], heap_s[b] = heap_s[b], heap_s[a]
-    for column in range(3):
-        heap_i[a, column], heap_i[b, column] = heap_i[b, column], heap_i[a, column]
-
-
-@inner
-def _heap_push(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray, time_s: float, tie: int, rid: int,
-               where: int) -> None:
-    at = st[_H_SIZE]
-    st[_H_SIZE] += 1
-    heap_s[at], heap_i[at, 0], heap_i[at, 1], heap_i[at, 2] = time_s, tie, rid, where
-    while at > 0:
-        parent = (at - 1) // 2
-        if not _heap_less(heap_s, heap_i, at, parent):
-            break
-        _heap_swap(heap_s, heap_i, at, parent)
-        at = parent
-
-
-@inner
-def _heap_pop(heap_s: np.ndarray, heap_i: np.ndarray, st: np.ndarray) -> None:
-    """Drop the first event (read it from slot 0 before)."""
-    last = st[_H_SIZE] - 1
-    st[_H_SIZE] = last
-    _heap_swap(heap_s, heap_i, 0, last)
-    at = 0
-    while True:
-        child = 2 * at + 1
-        if child >= last:
-            break
-        if child + 1 < last and _heap_less(heap_s, heap_i, child + 1, child):
-            child += 1
-        if not _heap_less(heap_s, heap_i, child, at):
-            break
-        _heap_swap(heap_s, heap_i, at, child)
-        at = child
 
 
 @inner
@@ -805,17 +760,18 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
         if st[_H_SIZE] and (not in_flight or heap_s[0] <= first_end_s):  # an arrival
             now_s = sf[_NOW] = heap_s[0]
             tie, rid, where = heap_i[0, 0], heap_i[0, 1], heap_i[0, 2]
-            _heap_pop(heap_s, heap_i, st)
+            heap_pop(heap_s, heap_i, st, _H_SIZE)
             reaches = True
             if where < 0:  # the client's send
                 if tie + 1 < sends:
-                    _heap_push(heap_s, heap_i, st, arrival_s[tie + 1], tie + 1, tie + 1, -1)
+                    heap_push(heap_s, heap_i, st, _H_SIZE, arrival_s[tie + 1], tie + 1, tie + 1, -1)
                 req_s[rid, _ISSUE] = req_s[rid, _REACHED] = now_s
                 if cfg_i[_C_FRONT_END]:  # _Replica.front_end: it reaches the engine later
                     start_s = now_s if now_s > sf[_FRONT_FREE] else sf[_FRONT_FREE]
                     sf[_FRONT_FREE] = start_s + (cfg_f[_F_REQUEST_US]
                                                  + cfg_f[_F_PER_PROMPT_TOKEN_US] * prompt[rid]) * 1e-6
-                    _heap_push(heap_s, heap_i, st, sf[_FRONT_FREE] + cfg_f[_F_LATENCY_US] * 1e-6, st[_SEQ], rid, 0)
+                    heap_push(heap_s, heap_i, st, _H_SIZE, sf[_FRONT_FREE] + cfg_f[_F_LATENCY_US] * 1e-6, st[_SEQ],
+                              rid, 0)
                     st[_SEQ] += 1
                     reaches = False
             else:
@@ -904,7 +860,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                 st[_FINISHED] += 1
                 if closed and st[_ISSUED] < n:
                     issued = st[_ISSUED]
-                    _heap_push(heap_s, heap_i, st, max(now_s, arrival_s[issued]), st[_SEQ], issued, -1)
+                    heap_push(heap_s, heap_i, st, _H_SIZE, max(now_s, arrival_s[issued]), st[_SEQ], issued, -1)
                     st[_SEQ] += 1
                     st[_ISSUED] = issued + 1
             st[_READY] = 1

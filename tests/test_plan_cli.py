@@ -278,3 +278,26 @@ def test_a_short_run_warns_that_the_capacity_may_be_understated_and_names_an_n_t
     assert option["sample_warning"] == warning.removeprefix("H100-SXM TP1: ")
     enough = json.loads(CliRunner().invoke(main, [*args, "-n", "1000", "--json"]).output)["options"]
     assert enough[0]["sample_warning"] is None  # the suggestion works
+
+
+@pytest.mark.parametrize("command", [
+    ("plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "1", "--pp", "1", "--jobs", "1"),
+    ("plan", "--model", "llama3-8b", "--gpus", "H100", "--tp", "1", "--pp", "1", "--jobs", "1", "--concurrency", "4"),
+    ("simulate", "--model", "llama3-8b", "--qps", "2", "--arrival", "gamma", "--cv", "2"),
+])
+def test_the_command_suggested_for_requests_past_the_context_writes_a_workload_that_runs(command, tmp_path,
+                                                                                        monkeypatch):
+    """A workload with requests past the model's context is refused with a ``servesim workload`` command that, run as
+    given, writes the same requests capped to fit, which the refused command then accepts."""
+    monkeypatch.chdir(tmp_path)
+    workload = ("--workload", "uniform:2000-9000:16-64", "-n", "40", "--seed", "5")
+    refused = run(*command, *workload)
+    assert refused.exit_code == 2 and "exceed llama3-8b's context of 8,192" in refused.output, refused.output
+    suggested, file = re.search(r"\((servesim workload .*?), then --workload (\S+)\)", refused.output).groups()
+    written = run(*suggested.split()[1:])
+    assert written.exit_code == 0, written.output
+    capped = list(csv.DictReader(open(file)))
+    assert len(capped) == 40
+    assert max(int(r["prompt_tokens"]) + int(r["output_tokens"]) for r in capped) <= 8192
+    accepted = run(*command, "--workload", file, "--json")
+    assert accepted.exit_code == 0, accepted.output

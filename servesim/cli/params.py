@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from pathlib import Path
 
 import click
@@ -212,3 +213,28 @@ def moe_backend_option(func):
                              "Blackwell for the models it picks it for; otherwise the Triton fused MoE), triton, or "
                              "flashinfer-trtllm (Blackwell; vLLM with VLLM_USE_FLASHINFER_MOE_FP8=1, SGLang "
                              "--moe-runner-backend flashinfer_trtllm).")(func)
+
+
+def cap_lengths_fix(source: str, workload_flags: list[str], context_tokens: int | None, longest_output: int) -> str:
+    """What to do about a workload whose requests exceed the model's context of ``context_tokens``: the
+    ``servesim workload`` command that writes it again with outputs cut to a quarter of the context at most and
+    prompts to the rest (``workload_flags`` rebuild the same requests: rate, count, seed), then the file to pass."""
+    if not context_tokens:
+        from servesim.models.config import CAP_LENGTHS
+
+        return CAP_LENGTHS
+    max_output = min(longest_output, context_tokens // 4)
+    command = shlex.join(["servesim", "workload", source, *workload_flags,
+                          "--max-prompt-tokens", str(context_tokens - max_output),
+                          "--max-output-tokens", str(max_output), "--out", "capped.csv"])
+    return f"cap its lengths ({command}, then --workload capped.csv) or choose a model with a longer context"
+
+
+def workload_flags(num_requests: int | None = None, qps: float | None = None, concurrency: int | None = None,
+                   arrival: str | None = None, cv: float | None = None, seed: int = 0,
+                   columns: str | None = None) -> list[str]:
+    """The ``servesim workload`` flags that build the same requests as these options of another command."""
+    given = (("-n", num_requests), ("--qps", qps), ("--concurrency", concurrency), ("--arrival", arrival),
+             ("--cv", cv if arrival == "gamma" else None), ("--seed", seed or None), ("--columns", columns))
+    return [text for flag, value in given if value is not None for text in (flag, f"{value:g}" if isinstance(
+        value, float) else str(value))]

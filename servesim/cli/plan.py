@@ -15,6 +15,7 @@ from servesim.cli.params import (
     REQUEST_COUNT,
     SEED,
     OutputFolder,
+    cap_lengths_fix,
     engine_behaviour_options,
     max_cudagraph_capture_size_option,
     moe_backend_option,
@@ -23,6 +24,7 @@ from servesim.cli.params import (
     scheduler_recv_interval_option,
     stream_interval_option,
     engine_option,
+    workload_flags,
 )
 from servesim.errors import ServesimError, not_utf8
 from servesim.kernels.expand import KV_CACHE_DTYPES, WEIGHT_DTYPES
@@ -341,7 +343,11 @@ def plan_command(model_ref, gpu_list, tp, pp, ep, dp, engine, dtype, estimator, 
     if quick:
         _quick(request, kernel_estimator, input_len or 1024, output_len or 256, output_format)
         return
-    check_context(model, request.workload.prompt_tokens + request.workload.output_tokens)
+    flags = workload_flags(num_requests, *((1.0, None, arrival) if mode == "qps" else (None, 1, None)), seed=seed,
+                           columns=columns)
+    check_context(model, request.workload.prompt_tokens + request.workload.output_tokens,
+                  fix=cap_lengths_fix(source, flags, model.max_position_embeddings,
+                                      int(request.workload.output_tokens.max())))
     _slo_plan(request, kernel_estimator, all(v is None for v in limits.values()), executor, address, jobs,
               plot_dir, output_format)
 

@@ -17,6 +17,7 @@ from servesim.cli.params import (
     REQUEST_COUNT,
     SEED,
     OutputFile,
+    cap_lengths_fix,
     engine_behaviour_options,
     dp_option,
     ep_option,
@@ -26,6 +27,7 @@ from servesim.cli.params import (
     scheduler_recv_interval_option,
     stream_interval_option,
     engine_option,
+    workload_flags,
 )
 from servesim.errors import ServesimError
 from servesim.kernels.expand import KV_CACHE_DTYPES
@@ -188,6 +190,7 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
     servesim simulate --model llama3-70b --tp 4 --engine sglang --workload fixed:1024:256 --concurrency 16
     """
     from servesim.estimator.coverage import coverage_notes, estimator_coverage, launched_by
+    from servesim.models.config import check_context
     from servesim.planner.step_store import kept_step_times
     from servesim.serving.simulator import simulate
     from servesim.workloads import build_workload, parse_columns
@@ -201,6 +204,9 @@ def simulate_command(model_ref, gpu_name, tp, pp, ep, dp, engine, dtype, estimat
     slos = parse_slos(goodput_text) if goodput_text else None
     workload = build_workload(source, num_requests, qps=qps, concurrency=concurrency, seed=seed, arrival=arrival,
                               cv=cv, columns=mapping)
+    check_context(model, workload.prompt_tokens + workload.output_tokens,
+                  fix=cap_lengths_fix(source, workload_flags(num_requests, qps, concurrency, arrival, cv, seed, columns),
+                                      model.max_position_embeddings, int(workload.output_tokens.max())))
     # from the step times earlier runs of this deployment kept (servesim/planner/step_store.py)
     with kept_step_times(step_model), _progress(len(workload)) as progress:
         result = simulate(deployment, workload, step_model=step_model, replicas=replicas, router=router, seed=seed,

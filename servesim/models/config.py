@@ -339,7 +339,8 @@ class ModelConfig:
 
 #: What to do about requests longer than the context, where the caller has nothing more specific to say.
 CAP_LENGTHS = ("cap the workload's lengths (servesim workload SOURCE --max-prompt-tokens N --max-output-tokens N "
-               "--out FILE, then pass FILE) or choose a model with a longer context")
+               "--out FILE, adding --qps R or --concurrency C for a generated workload, then pass FILE) or choose a "
+               "model with a longer context")
 
 
 def check_context(model: ModelConfig, prompt_plus_output_tokens: np.ndarray | int, fix: str = CAP_LENGTHS) -> None:

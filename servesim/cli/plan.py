@@ -292,7 +292,7 @@ def plan_command(model_ref, gpu_list, tp, pp, ep, dp, engine, dtype, estimator, 
     \b
     servesim plan --model llama3-70b --tp 4 --gpus H100,H20
     servesim plan --model llama3-70b --tp 4 --gpus H100,H200 --qps 20 --ttft-p90 2000 --tpot-p99 100
-    servesim plan --model llama3-8b --gpus all --concurrency 256 --gpu-budget 16 --json  (takes about 4 minutes on 2 cores)
+    servesim plan --model llama3-8b --gpus all --concurrency 256 --gpu-budget 16 --json  (every GPU: about 4 min on 2 cores)
     servesim plan --model llama3-70b --tp 4 --gpus H100,H20 --quick
     """
     from servesim.estimator import get_estimator

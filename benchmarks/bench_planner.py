@@ -8,9 +8,9 @@ the decomposition, SM placement and features of kernels not seen before, and the
 (``StepTimeModel._predict_rest_us``). No step times are read from earlier plans (``SERVESIM_CACHE_DIR`` is set
 empty: servesim/planner/step_store.py). Then it searches every option again with the step-time models the first
 pass filled, so that nearly every step time is known: that second, warm pass is the simulation alone, of which the
-compiled event loop of one vLLM replica (``servesim.serving.compiled_loop``, without its hand-backs to Python), the
-decode stretches the Python loop runs without the scheduler (``servesim.serving.fast_forward``: SGLang, several
-replicas, data parallelism, prompt identity) and the runs that stopped early (a bracketing load whose SLO failure
+compiled event loop of one replica (``servesim.serving.compiled_loop``, without its hand-backs to Python), the
+decode stretches the Python loop runs without the scheduler (``servesim.serving.fast_forward``: several replicas,
+data parallelism) and the runs that stopped early (a bracketing load whose SLO failure
 became certain) are timed apart. Prints a row per option and the total.
 """
 

@@ -24,7 +24,7 @@ from numba.core import event as _numba_event
 from numba.extending import register_jitable
 
 #: The line shown before the loops compile. The time is what a first run took on 2 cores.
-COMPILE_NOTICE = "servesim: compiling its inner loops for this machine (first run only, ~14 s on 2 cores)..."
+COMPILE_NOTICE = "servesim: compiling its inner loops for this machine (first run only, ~17 s on 2 cores)..."
 #: Internal switch, for tests: ``1`` shows the notice even when stderr is not a terminal, ``0`` never shows it.
 #: Unset, the notice shows only when stderr is a terminal.
 _NOTICE_ENV = "SERVESIM_COMPILE_NOTICE"

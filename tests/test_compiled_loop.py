@@ -1,5 +1,6 @@
-"""The compiled event loop of one vLLM replica (servesim/serving/compiled_loop.py) gives what the Python loop gives,
-stepping every step through the scheduler: the same requests, tokens, steps, stops and progress reports."""
+"""The compiled event loop of one vLLM or SGLang replica (servesim/serving/compiled_loop.py) gives what the Python
+loop gives, stepping every step through the scheduler: the same requests, tokens, steps, stops and progress
+reports."""
 
 from __future__ import annotations
 
@@ -87,32 +88,43 @@ def assert_same(compiled, python):
 workloads = workload_specs(max_requests=30, max_output=150, max_concurrency=8)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=workloads, engine=st.sampled_from(["vllm==0.12.0", "vllm==0.15.1"]), small=st.booleans(),
-       front_end=st.booleans(), token_times=st.booleans(), stream_interval=st.sampled_from([1, 3]),
-       pp=st.sampled_from([1, 1, 2, 4]))
+ENGINES = ["vllm==0.12.0", "vllm==0.15.1", "sglang"]
+
+
+def sglang_options(engine: str, recv_interval: int) -> dict:
+    """SGLang's receive interval (its other engines have none)."""
+    return {"scheduler_recv_interval": recv_interval} if engine == "sglang" else {}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=workloads, engine=st.sampled_from(ENGINES), small=st.booleans(), front_end=st.booleans(),
+       token_times=st.booleans(), stream_interval=st.sampled_from([1, 3]), pp=st.sampled_from([1, 1, 2, 4]),
+       recv_interval=st.sampled_from([1, 1, 4]))
 def test_compiled_loop_matches_the_python_loop(step_models, spec, engine, small, front_end, token_times,
-                                               stream_interval, pp):
+                                               stream_interval, pp, recv_interval):
     workload = make_workload(*spec)
-    dep, steps = step_model(step_models, engine, small, front_end, pp, stream_interval=stream_interval)
+    dep, steps = step_model(step_models, engine, small, front_end, pp, stream_interval=stream_interval,
+                            **sglang_options(engine, recv_interval))
     compiled, python = both(dep, steps, workload, token_times=token_times)
     assert_same(compiled, python)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=prefix_workload_specs(max_requests=30, max_concurrency=8),
-       engine=st.sampled_from(["vllm==0.12.0", "vllm==0.15.1"]), small=st.booleans(), pp=st.sampled_from([1, 1, 2]))
-def test_compiled_loop_matches_the_python_loop_with_a_prefix_cache(step_models, spec, engine, small, pp):
-    """Hits, answers quoted by later prompts, eviction under KV pressure and preemption: the same requests,
-    cached tokens and steps."""
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=prefix_workload_specs(max_requests=30, max_concurrency=8), engine=st.sampled_from(ENGINES),
+       small=st.booleans(), pp=st.sampled_from([1, 1, 2]), recv_interval=st.sampled_from([1, 4]))
+def test_compiled_loop_matches_the_python_loop_with_a_prefix_cache(step_models, spec, engine, small, pp,
+                                                                   recv_interval):
+    """Hits, answers quoted by later prompts, eviction under KV pressure and preemption (vLLM) or retraction
+    (SGLang): the same requests, cached tokens and steps."""
     workload = make_prefix_workload(*spec)
-    dep, steps = step_model(step_models, engine, small, False, pp)
+    dep, steps = step_model(step_models, engine, small, False, pp, **sglang_options(engine, recv_interval))
     compiled, python = both(dep, steps, workload)
     assert_same(compiled, python)
 
 
-def test_a_shared_prefix_workload_hits_evicts_and_preempts_alike_in_both_loops(step_models):
-    dep, steps = step_model(step_models, "vllm", True, False)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_shared_prefix_workload_hits_evicts_and_preempts_alike_in_both_loops(step_models, engine):
+    dep, steps = step_model(step_models, engine, True, False)
     workload = build_workload("shared-prefix:4,8:1500:200:400", 200, qps=30, seed=2)
     compiled, python = both(dep, steps, workload)
     assert python.cached_tokens.sum() > 0 and python.preemptions.sum() > 0
@@ -136,10 +148,11 @@ def test_prefix_cache_arrays_grown_from_two_nodes_give_the_same_run(step_models,
     assert_same(compiled, python)
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("metric", ["ttft", "tpot", "e2e"])
-def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp):
-    dep, steps = step_model(step_models, "vllm", False, False, pp)
+def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp, engine):
+    dep, steps = step_model(step_models, engine, False, False, pp)
     workload = build_workload("splitwise-conv", 400, qps=40, seed=3)
     median_ms = simulate(dep, workload, step_model=steps).summary()[f"{metric}_p50_ms"]
     rules = (StopRule(f"{metric}_p90", metric, median_ms, 30),)  # half the requests are over it
@@ -148,9 +161,11 @@ def test_a_stop_rule_stops_both_loops_at_the_same_event(step_models, metric, pp)
     assert_same(compiled, python)
 
 
+@pytest.mark.parametrize(("engine", "recv_interval"), [("vllm", 1), ("sglang", 1), ("sglang", 8)])
 @pytest.mark.parametrize("pp", [1, 2])
-def test_preemptions_and_progress_reports_match(step_models, pp):
-    dep, steps = step_model(step_models, "vllm", True, False, pp)
+def test_preemptions_and_progress_reports_match(step_models, pp, engine, recv_interval):
+    """vLLM's preemptions and SGLang's retractions (with its receive interval or without)."""
+    dep, steps = step_model(step_models, engine, True, False, pp, **sglang_options(engine, recv_interval))
     workload = build_workload("splitwise-conv", 300, qps=30, seed=1)
     reports = ([], [])
     runs = [simulate(dep, workload, step_model=steps, fast_forward_decodes=fast, progress=calls.append)
@@ -192,8 +207,8 @@ def test_a_later_run_starts_from_the_table_an_earlier_one_left(step_models):
     assert_same(kept, fresh)
 
 
-def test_only_one_vllm_replica_takes_the_compiled_loop():
-    """Several replicas and SGLang keep the Python loop; pipeline stages and prompt identity do not."""
+def test_only_one_replica_takes_the_compiled_loop():
+    """Several replicas keep the Python loop; pipeline stages, prompt identity and SGLang do not."""
     workload = build_workload("splitwise-conv", 10, qps=1)
     shared = build_workload("chat-shared-prefix", 10, qps=1)
 
@@ -206,4 +221,5 @@ def test_only_one_vllm_replica_takes_the_compiled_loop():
     assert compiled_loop.eligible(fleet(), shared)
     assert not compiled_loop.eligible(fleet(replicas=2), workload)
     assert compiled_loop.eligible(fleet(pp=2), workload)
-    assert not compiled_loop.eligible(fleet("sglang"), workload)
+    assert compiled_loop.eligible(fleet("sglang"), workload)
+    assert not compiled_loop.eligible(fleet("sglang", replicas=2), workload)

@@ -1,14 +1,16 @@
-"""The simulator's event loop for one vLLM replica, compiled, with the same results.
+"""The simulator's event loop for one vLLM or SGLang replica, compiled, with the same results.
 
-A capacity search and most ``simulate`` runs serve one vLLM replica (with or without pipeline stages). There the
-Python event loop (servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py) spend a
-few attribute reads and writes per running request per step, which a busy engine multiplies into most of a run.
+A capacity search and most ``simulate`` runs serve one replica (with or without pipeline stages). There the
+Python event loop (servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py,
+scheduler_sglang.py) spend a few attribute reads and writes per running request per step, which a busy engine
+multiplies into most of a run.
 :func:`run` serves such a replica with request state as arrays indexed by request id (struct of arrays: computed,
 generated and held KV blocks, in flight; the send, arrival, first-scheduled, first-token and last-token times),
 the waiting queue a ring of ids, the running queue an array of ids in order, the micro-batches in flight a ring
 of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time, then the order the events were
-made), all in one compiled loop (:func:`_core_loop`) that follows the Python loop, the scheduler and
-``finish_step`` operation for operation. A workload with prompt identity looks up and fills the prefix cache as
+made), all in one compiled loop (:func:`_core_loop`) that follows the Python loop, the engine's scheduler
+(:func:`_schedule`, :func:`_schedule_sglang`: its chunked prompt, new-token ratio, retractions and receive
+interval as state beside the queues) and ``finish_step`` operation for operation. A workload with prompt identity looks up and fills the prefix cache as
 the scheduler does, through the same radix tree over arrays (servesim/serving/compiled_cache.py). Step times come
 from one open-addressing table of what they are made of, filled from Python as the loop first meets each entry:
 decode spans by (size, grid context, spread), from which decode steps are timed as ``DecodeSpan.at`` does, and
@@ -25,9 +27,9 @@ Without every token's time kept, it counts the gaps between the chunks a client 
 open-addressing table (a gap is the difference of two step ends, so distinct values are few), which
 ``GapCounter`` then holds as it would have counted them.
 
-SGLang, several replicas and attention data parallelism run the Python loop: SGLang's scheduler in the same loop
-made vLLM's runs 5 to 10 % slower and its compile twice as long (11.5 s). tests/test_compiled_loop.py checks that
-both loops give the same requests, cached tokens, steps, stops and progress reports.
+Several replicas and attention data parallelism run the Python loop. Each scheduler has one call site
+(:func:`_form_step`), so that numba compiles it into the loop once. tests/test_compiled_loop.py checks that both
+loops give the same requests, cached tokens, steps, stops and progress reports.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import math
 
 import numpy as np
 
-from servesim.compiled import heap_pop, heap_push, inner, jit
+from servesim.compiled import heap_pop, heap_push, inner, jit, stable_argsort
 from servesim.serving.compiled_cache import (
     EVICTABLE,
     NODE_COLUMNS,
@@ -50,6 +52,7 @@ from servesim.serving.compiled_cache import (
     new_cache,
     release,
 )
+from servesim.serving.scheduler_sglang import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS, SglangScheduler
 from servesim.serving.scheduler_vllm import VllmScheduler
 from servesim.serving.state import STEP_LOG_COLUMNS, RequestLog, StepLog
 from servesim.serving.step_cache import (
@@ -73,20 +76,24 @@ from servesim.workloads.request import Workload
 # Why _core_loop handed back.
 _DONE, _NEED_ENTRIES, _ROWS_FULL, _GAPS_FULL, _PROGRESS, _STOPPED, _CACHE_FULL = range(7)
 
-# Integer state (``st``), by index.
+# Integer state (``st``), by index; SGLang's: the request whose prompt is part-way through (-1: none) and its
+# receive skipper's counter.
 (_FREE, _W_HEAD, _W_COUNT, _R_COUNT, _H_SIZE, _SEQ, _ISSUED, _FINISHED, _ROWS, _GAPS, _F_HEAD, _F_COUNT, _PENDING,
- _NEEDS, _READY, _LAUNCH, _REPORT_AT, _RULE) = range(18)
-# Float state (``sf``), by index; each pipeline stage's free time follows the last.
-_NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _STAGE_FREE = range(7)
-# Configuration (``cfg_i``, ``cfg_f``), by index.
+ _NEEDS, _READY, _LAUNCH, _REPORT_AT, _RULE, _CHUNKED_RID, _RECV_COUNTER) = range(20)
+# Float state (``sf``), by index (SGLang's new-token ratio); each pipeline stage's free time follows the last.
+_NOW, _CPU_FREE, _GPU_START, _FRONT_FREE, _ADMIT_BEFORE, _HOST_START, _RATIO, _STAGE_FREE = range(8)
+# Configuration (``cfg_i``, ``cfg_f``), by index. ``_C_BLOCK`` is the page a cache hit is a whole number of,
+# ``_C_UNIT`` the pool's unit of account (vLLM: both its block; SGLang: its page, and one token).
 (_C_N, _C_SENDS, _C_CLOSED, _C_BUDGET, _C_MAX_SEQS, _C_BLOCK, _C_CAPACITY, _C_CHUNKED, _C_ASYNC, _C_FRONT_END,
- _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP, _C_CACHE) = range(16)
-_F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US = range(3)
+ _C_KEEP_TIMES, _C_INTERVAL, _C_REPORT_EVERY, _C_PROGRESS, _C_PP, _C_CACHE, _C_SGLANG, _C_UNIT,
+ _C_RECV_INTERVAL) = range(19)
+_F_REQUEST_US, _F_PER_PROMPT_TOKEN_US, _F_LATENCY_US, _F_INIT_RATIO, _F_MIN_RATIO, _F_RATIO_DECAY = range(6)
 # Request columns: integers (``req_i``) and times (``req_s``).
 # The prefix cache's: blocks read from the cache, nodes referenced (servesim/serving/compiled_cache.py), tokens
-# the last admission found cached, the prompt's segments (first, end) and its answer's segment id.
+# the last admission found cached, the prompt's segments (first, end) and its answer's segment id; whether an
+# SGLang poll took it in.
 (_COMPUTED, _GENERATED, _KV_HELD, _PREEMPTIONS, _IN_FLIGHT, _CACHED_UNITS, _PATH_LEN, _CACHED_TOKENS, _SEG_LO,
- _SEG_HI, _OUTPUT_ID) = range(11)
+ _SEG_HI, _OUTPUT_ID, _RECEIVED) = range(12)
 _ISSUE, _REACHED, _FIRST_SCHEDULED, _FIRST_TOKEN, _LAST_TOKEN, _LAST_STREAMED = range(6)
 # A micro-batch's summary (``flight_i`` rows): its requests, prompt chunks, decodes, their context and the longest.
 _M_LEN, _M_CHUNKS, _M_DECODES, _M_CONTEXTS, _M_LONGEST = range(5)
@@ -114,8 +121,8 @@ GRAPH_MODES = ("none", "piecewise", "full")
 
 
 def eligible(fleet, workload: Workload) -> bool:
-    """Whether :func:`run` serves this run: one vLLM replica (no attention data parallelism)."""
-    return len(fleet) == 1 and type(fleet[0].scheduler) is VllmScheduler and len(workload) > 0
+    """Whether :func:`run` serves this run: one vLLM or SGLang replica (no attention data parallelism)."""
+    return len(fleet) == 1 and type(fleet[0].scheduler) in (VllmScheduler, SglangScheduler) and len(workload) > 0
 
 
 def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: tuple[StopRule, ...],
@@ -129,15 +136,25 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     n, pp = len(workload), replica.pp
     closed = workload.arrival_mode == "closed"
     sends = min(workload.concurrency, n) if closed else n
-    cfg_i = np.array([n, sends, closed, scheduler.token_budget, scheduler.max_num_seqs, scheduler.block_size,
-                      scheduler.capacity, scheduler.chunked_prefill, replica.async_scheduling,
-                      overhead.has_front_end, requests.gaps is None, requests.stream_interval,
-                      max(1, n // 100), progress is not None, pp, prefix_identity], dtype=np.int64)
-    cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us])
+    sglang = type(scheduler) is SglangScheduler
+    if sglang:
+        budget, max_seqs, page, chunked, interval = (scheduler.chunk_size, scheduler.max_running,
+                                                     scheduler.cache.page_tokens if scheduler.cache else 1, True,
+                                                     scheduler.recv_interval)
+        ratios = (scheduler.init_ratio, scheduler.min_ratio, scheduler.decay)
+    else:
+        budget, max_seqs, page, chunked, interval = (scheduler.token_budget, scheduler.max_num_seqs,
+                                                     scheduler.block_size, scheduler.chunked_prefill, 1)
+        ratios = (0.0, 0.0, 0.0)
+    cfg_i = np.array([n, sends, closed, budget, max_seqs, page, scheduler.capacity, chunked,
+                      replica.async_scheduling, overhead.has_front_end, requests.gaps is None,
+                      requests.stream_interval, max(1, n // 100), progress is not None, pp, prefix_identity, sglang,
+                      scheduler.kv_unit_tokens, interval], dtype=np.int64)
+    cfg_f = np.array([overhead.request_us, overhead.per_prompt_token_us, overhead.request_latency_us, *ratios])
     prompt = workload.prompt_tokens.astype(np.int64)
     output = workload.output_tokens.astype(np.int64)
     arrival_s = workload.arrival_s.astype(np.float64)
-    req_i = np.zeros((n, 11), dtype=np.int64)
+    req_i = np.zeros((n, 12), dtype=np.int64)
     if prefix_identity:
         prefixes = workload.prefixes
         req_i[:, _SEG_LO], req_i[:, _SEG_HI] = prefixes.offsets[:-1], prefixes.offsets[1:]
@@ -152,7 +169,8 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
                                           np.zeros((1, 4), dtype=np.int64))
         path, cs = np.zeros(1, dtype=np.int64), np.zeros(6, dtype=np.int64)
     req_s = np.full((n, 6), -1.0)
-    queues = np.zeros((3, n), dtype=np.int64)  # the waiting ring, the running requests, a step's finished ones
+    # The waiting ring, the running requests, a step's finished ones, the requests an SGLang retraction sorts.
+    queues = np.zeros((4, n), dtype=np.int64)
     # The micro-batches in flight, a ring of pp slots: requests, their new tokens, summary, end.
     flight_rids = np.zeros((pp, n), dtype=np.int64)
     flight_new = np.zeros((pp, n), dtype=np.int64)
@@ -175,9 +193,10 @@ def run(replica, workload: Workload, requests: RequestLog, log: StepLog, rules: 
     token_times = requests.token_times_s if requests.gaps is None else np.empty(0)
     st = np.zeros(20, dtype=np.int64)
     st[_FREE], st[_SEQ], st[_ISSUED], st[_REPORT_AT] = scheduler.free, sends, sends, min(cfg_i[_C_REPORT_EVERY], n)
-    st[_RULE] = -1
+    st[_RULE] = st[_CHUNKED_RID] = -1
     sf = np.zeros(_STAGE_FREE + pp)
     sf[_ADMIT_BEFORE] = math.inf
+    sf[_RATIO] = cfg_f[_F_INIT_RATIO]
     st[_H_SIZE] = 1  # the first send
     heap_s[0], heap_i[0] = arrival_s[0], (0, 0, -1)
     while True:
@@ -513,10 +532,183 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
 
 
 @inner
-def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
-               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
-               sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray, children: np.ndarray, lru: np.ndarray,
-               path: np.ndarray, cs: np.ndarray) -> bool:
+def _admissible(cfg_i: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, sf: np.ndarray, rid: int) -> bool:
+    """Whether SGLang may admit waiting request ``rid`` now: it reached the engine before the host began the step,
+    and, with a receive interval, a poll took it in."""
+    return req_s[rid, _REACHED] <= sf[_ADMIT_BEFORE] and (cfg_i[_C_RECV_INTERVAL] <= 1 or req_i[rid, _RECEIVED] == 1)
+
+
+@inner
+def _sglang_prefill(cfg_i: np.ndarray, prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray,
+                    req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray,
+                    chunks: np.ndarray, st: np.ndarray, sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray,
+                    children: np.ndarray, lru: np.ndarray, path: np.ndarray, cs: np.ndarray) -> None:
+    """``SglangScheduler._prefill_step``: the request part-way through continues, then waiting requests join while
+    the chunk budget and the memory left after the running requests' reservation allow."""
+    waiting, running = queues[0], queues[1]
+    n, page, unit = cfg_i[_C_N], cfg_i[_C_BLOCK], cfg_i[_C_UNIT]
+    chunked = st[_CHUNKED_RID]
+    if chunked < 0 and (not st[_W_COUNT] or st[_R_COUNT] >= cfg_i[_C_MAX_SEQS]):
+        return
+    rem_chunk = cfg_i[_C_BUDGET]
+    left = 0  # _reserved_tokens: each running request's output left, clipped
+    for i in range(st[_R_COUNT]):
+        rid = running[i]
+        todo = output[rid] - req_i[rid, _GENERATED]
+        left += todo if todo < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+    rem_total = (st[_FREE] + cs[EVICTABLE]) - left * sf[_RATIO]
+    if chunked >= 0:
+        rid = chunked
+        todo = prompt[rid] + req_i[rid, _GENERATED] - req_i[rid, _COMPUTED]
+        new = todo if todo < rem_chunk else rem_chunk
+        if new == todo:  # last chunk: it decodes from the next step on
+            st[_CHUNKED_RID] = chunked = -1
+            running[st[_R_COUNT]] = rid
+            st[_R_COUNT] += 1
+        _take(req_i, st, nodes, lru, cs, rid, new)
+        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
+                     new == 1 and generated > 0 and computed == prompt[rid] + generated - 1)
+        rem_chunk -= new
+        rem_total -= new
+    while st[_W_COUNT] and rem_chunk > 0 and st[_R_COUNT] + (chunked >= 0) < cfg_i[_C_MAX_SEQS]:
+        rid = waiting[st[_W_HEAD]]
+        if not _admissible(cfg_i, req_i, req_s, sf, rid):
+            break
+        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+        seq_len = prompt[rid] + generated
+        # Scheduler.lookup: the cache hit of a request with nothing computed.
+        at, count, hit, pinned = req_i[rid, _SEG_LO] + rid, 0, 0, 0
+        if cfg_i[_C_CACHE] and not computed:
+            count, matched = match(nodes, children, segments, req_i[rid, _SEG_LO], req_i[rid, _SEG_HI], path, at)
+            hit = (matched if matched < seq_len - 1 else seq_len - 1) // page * page
+            count, pinned = covering(nodes, path, at, count, hit) if hit else (0, 0)
+        extend = seq_len - hit
+        todo = output[rid] - generated
+        total = extend + (todo if todo < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
+        if total + pinned > rem_total:
+            break
+        st[_W_HEAD] = (st[_W_HEAD] + 1) % n
+        st[_W_COUNT] -= 1
+        if req_s[rid, _FIRST_SCHEDULED] < 0:
+            req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
+        if count:  # Scheduler.admit_hit
+            acquire(nodes, cs, path, at, count)
+            req_i[rid, _PATH_LEN] = count
+            req_i[rid, _CACHED_UNITS] = hit // unit
+            computed = req_i[rid, _COMPUTED] = hit
+        req_i[rid, _CACHED_TOKENS] = hit
+        rem_total -= pinned
+        new = extend if extend < rem_chunk else rem_chunk
+        _take(req_i, st, nodes, lru, cs, rid, new)
+        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
+                     new == 1 and generated > 0 and computed == seq_len - 1)
+        rem_chunk -= new
+        rem_total -= total
+        if new < extend:
+            st[_CHUNKED_RID] = rid
+            break
+        running[st[_R_COUNT]] = rid
+        st[_R_COUNT] += 1
+    if summary[_M_LEN]:
+        st[_RECV_COUNTER] = cfg_i[_C_RECV_INTERVAL]  # a prefill batch weighs 1000: the next iteration polls
+
+
+@inner
+def _sglang_retract(prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray, queues: np.ndarray, st: np.ndarray,
+                    sf: np.ndarray, nodes: np.ndarray, lru: np.ndarray, path: np.ndarray, cs: np.ndarray, n: int,
+                    count: int) -> int:
+    """``SglangScheduler._retract`` of the ``count`` decoding requests at the start of ``queues[3]``: sorted by
+    most tokens generated (then shortest prompt, then running order), the last ones go back to the waiting queue
+    until one slot per remaining request is free (at least one goes). Returns how many remain, in
+    ``queues[3]`` in that order."""
+    waiting, running, order = queues[0], queues[1], queues[3]
+    keys = np.empty(count, dtype=np.int64)
+    for j in range(count):  # sorted by (generated, -prompt), descending; ties in running order
+        keys[j] = req_i[order[j], _GENERATED] * (1 << 32) - prompt[order[j]]
+    sorted_rids = order[:count][stable_argsort(keys, True)]
+    for j in range(count):
+        order[j] = sorted_rids[j]
+    while count > 1:
+        count -= 1
+        victim = order[count]
+        at = 0
+        while running[at] != victim:
+            at += 1
+        _drop_running(running, st, at)
+        _drop(req_i, st, nodes, lru, cs, path, victim)  # Scheduler._preempted
+        req_i[victim, _COMPUTED] = 0
+        req_i[victim, _PREEMPTIONS] += 1
+        waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = victim
+        st[_W_COUNT] += 1
+        if st[_FREE] + cs[EVICTABLE] >= count:
+            break
+    decoded = budget = 0
+    for j in range(count):
+        decoded += req_i[order[j], _GENERATED]
+        budget += output[order[j]]
+    ratio = (decoded + RETRACT_DECODE_STEPS * count) / budget
+    sf[_RATIO] = ratio if ratio < 1.0 else 1.0
+    return count
+
+
+@inner
+def _schedule_sglang(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                     req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray,
+                     summary: np.ndarray, chunks: np.ndarray, st: np.ndarray, sf: np.ndarray, segments: np.ndarray,
+                     nodes: np.ndarray, children: np.ndarray, lru: np.ndarray, path: np.ndarray,
+                     cs: np.ndarray) -> bool:
+    """``SglangScheduler.schedule`` into the arrays :func:`_schedule` fills: a prefill batch when one can form,
+    else a decode batch of every running request not in flight. Returns whether it scheduled anything."""
+    waiting, running, order = queues[0], queues[1], queues[3]
+    n, interval = cfg_i[_C_N], cfg_i[_C_RECV_INTERVAL]
+    for field in range(len(summary)):
+        summary[field] = 0
+    chunked = st[_CHUNKED_RID]
+    if interval > 1 and ((not st[_R_COUNT] and chunked < 0) or st[_RECV_COUNTER] >= interval):  # _poll
+        st[_RECV_COUNTER] = 0
+        for j in range(st[_W_COUNT]):
+            rid = waiting[(st[_W_HEAD] + j) % n]
+            if req_s[rid, _REACHED] <= sf[_ADMIT_BEFORE]:
+                req_i[rid, _RECEIVED] = 1
+    if chunked < 0 or not req_i[chunked, _IN_FLIGHT]:
+        _sglang_prefill(cfg_i, prompt, output, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments,
+                        nodes, children, lru, path, cs)
+    if not summary[_M_LEN]:  # _decode_step
+        count = 0
+        for j in range(st[_R_COUNT]):
+            if not req_i[running[j], _IN_FLIGHT]:
+                order[count] = running[j]
+                count += 1
+        if count:
+            if st[_FREE] + cs[EVICTABLE] < count:
+                count = _sglang_retract(prompt, output, req_i, queues, st, sf, nodes, lru, path, cs, n, count)
+                if st[_FREE] + cs[EVICTABLE] < count:
+                    count = 0  # what is left waits for micro-batches still in the pipeline
+            else:  # decode_launched
+                ratio = sf[_RATIO] - cfg_f[_F_RATIO_DECAY]
+                sf[_RATIO] = ratio if ratio > cfg_f[_F_MIN_RATIO] else cfg_f[_F_MIN_RATIO]
+                if interval > 1:
+                    polled = st[_RECV_COUNTER] + 1
+                    if polled > interval:
+                        polled = polled % interval or interval
+                    st[_RECV_COUNTER] = polled
+            for j in range(count):  # _take_one_each
+                rid = order[j]
+                _take(req_i, st, nodes, lru, cs, rid, 1)
+                computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+                _add_to_step(req_i, rids, news, summary, chunks, rid, 1, computed,
+                             generated > 0 and computed == prompt[rid] + generated - 1)
+    if not summary[_M_LEN] and not st[_R_COUNT] and st[_CHUNKED_RID] < 0:
+        sf[_RATIO] = cfg_f[_F_INIT_RATIO]  # an idle server starts estimating afresh
+    return summary[_M_LEN] > 0
+
+
+@inner
+def _form_step(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray,
+               req_s: np.ndarray, queues: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray,
+               chunks: np.ndarray, st: np.ndarray, sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray,
+               children: np.ndarray, lru: np.ndarray, path: np.ndarray, cs: np.ndarray) -> bool:
     """``_Replica._schedule``: under async scheduling (one stage) the host begins the step while the one before
     runs, and admits only requests that reached the engine by then, unless nothing else would run."""
     now_s = sf[_NOW]
@@ -526,9 +718,13 @@ def _form_step(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: 
         host_start_s = sf[_HOST_START] = earliest_s if earliest_s > sf[_CPU_FREE] else sf[_CPU_FREE]
         sf[_ADMIT_BEFORE] = host_start_s
         retry = host_start_s < now_s
-    while True:  # one call site: numba compiles the scheduler into the loop once
-        formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments,
-                           nodes, children, lru, path, cs)
+    while True:  # one call site each: numba compiles each scheduler into the loop once
+        if cfg_i[_C_SGLANG]:
+            formed = _schedule_sglang(cfg_i, cfg_f, prompt, output, req_i, req_s, queues, rids, news, summary,
+                                      chunks, st, sf, segments, nodes, children, lru, path, cs)
+        else:
+            formed = _schedule(cfg_i, prompt, req_i, req_s, queues, rids, news, summary, chunks, st, sf, segments,
+                               nodes, children, lru, path, cs)
         if formed or not retry or not st[_W_COUNT]:
             return formed
         retry = False
@@ -737,7 +933,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             row = rows[st[_ROWS]]
             row[0], row[1], row[2], row[3] = 0, start_s, end_s, summary[_M_LEN]
             row[4], row[5], row[6] = prefill_tokens + num_decodes, prefill_tokens, num_decodes
-            row[7] = (cfg_i[_C_CAPACITY] - st[_FREE] - cs[EVICTABLE]) * cfg_i[_C_BLOCK]
+            row[7] = (cfg_i[_C_CAPACITY] - st[_FREE] - cs[EVICTABLE]) * cfg_i[_C_UNIT]
             st[_ROWS] += 1
             flight_end[slot] = end_s
             st[_F_COUNT] += 1
@@ -745,9 +941,9 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             continue
         if st[_LAUNCH]:  # every event of the instant is in: form steps while the pipeline has room
             slot = (st[_F_HEAD] + st[_F_COUNT]) % pp
-            if st[_F_COUNT] < pp and _form_step(cfg_i, prompt, req_i, req_s, queues, flight_rids[slot],
-                                                flight_new[slot], flight_i[slot], chunks, st, sf, segments, nodes,
-                                                children, lru, path, cs):
+            if st[_F_COUNT] < pp and _form_step(cfg_i, cfg_f, prompt, output, req_i, req_s, queues,
+                                                flight_rids[slot], flight_new[slot], flight_i[slot], chunks, st, sf,
+                                                segments, nodes, children, lru, path, cs):
                 st[_PENDING] = 1
             else:
                 st[_LAUNCH] = 0
@@ -827,7 +1023,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                     if computed - news[k] < prompt[rid] <= computed:
                         _cache_segments(req_i, nodes, children, cs, segments, path, rid,
                                         req_i[rid, _SEG_LO] + req_i[rid, _PATH_LEN], req_i[rid, _SEG_HI],
-                                        cfg_i[_C_BLOCK])
+                                        cfg_i[_C_UNIT])
             for rule in range(len(rule_i)):  # ViolationCounter.step_done
                 metric = rule_i[rule, 0]
                 if metric == 0 and summary[_M_CHUNKS]:
@@ -855,7 +1051,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                     segments[0, len(segments[0]) - 1], segments[1, len(segments[0]) - 1] = (req_i[rid, _OUTPUT_ID],
                                                                                             output[rid])
                     _cache_segments(req_i, nodes, children, cs, segments, path, rid, len(segments[0]) - 1,
-                                    len(segments[0]), cfg_i[_C_BLOCK])
+                                    len(segments[0]), cfg_i[_C_UNIT])
                 _drop(req_i, st, nodes, lru, cs, path, rid)
                 st[_FINISHED] += 1
                 if closed and st[_ISSUED] < n:

@@ -9,7 +9,7 @@ its next step). A micro-batch first takes the host overhead (the CPU is
 shared by the micro-batches, one after the other), then passes the stages in turn, waiting for each stage to be
 free. With ``pp = 1`` a step therefore lasts ``StepTime.latency_us``, and with many micro-batches the pipeline
 issues one per bottleneck stage time. Stretches where a replica only relaunches the same decode micro-batches are
-run in one go (servesim/serving/fast_forward.py), with the same results; one vLLM replica without prompt identity
+run in one go (servesim/serving/fast_forward.py), with the same results; one vLLM or SGLang replica
 runs the whole loop compiled (servesim/serving/compiled_loop.py), again with the same results.
 """
 
@@ -166,8 +166,8 @@ def simulate(
     leave step times alone) to many calls, as a capacity search does: its memo of step times carries over.
     ``seed`` drives the random router; everything else is deterministic. ``fast_forward_decodes=False`` takes
     every engine step through the Python scheduler, which is slower and gives the same result; otherwise one vLLM
-    replica without prompt identity runs the compiled loop (servesim/serving/compiled_loop.py) and everything
-    else the Python loop with decode stretches fast-forwarded. With ``stop_rules`` the
+    or SGLang replica runs the compiled loop (servesim/serving/compiled_loop.py) and several replicas or
+    attention data-parallel ranks the Python loop with decode stretches fast-forwarded. With ``stop_rules`` the
     run raises :class:`servesim.serving.stop.StoppedEarly` as soon as one of them is known to break.
 
     ``token_times`` keeps every output token's time in the result (``token_times_s``, ``itl_s``,

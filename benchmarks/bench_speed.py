@@ -36,6 +36,9 @@ COMMANDS = {
     "readme-plan": "plan --model llama3-70b --tp 4 --gpus H100,H20",
     "plan-prefix-vllm": "plan --model llama3.1-70b --tp 4 --gpus H100,H20 --workload chat-shared-prefix",
     "four-gpu-plan": "plan --model llama3-70b --gpus H100,H200,H20,A100 --qps 20 --ttft-p90 2000 --tpot-p99 100",
+    "simulate-100k-sglang": "simulate --model qwen3-8b --workload splitwise-conv --qps 20 -n 100000 --engine sglang",
+    "four-gpu-plan-sglang": "plan --model llama3-70b --gpus H100,H200,H20,A100 --qps 20 --ttft-p90 2000 "
+                            "--tpot-p99 100 --engine sglang",
 }
 COLUMNS = (
     Column("command", "command", "", "<"),

@@ -441,6 +441,38 @@ def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary:
 
 
 @inner
+def _lookup(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, segments: np.ndarray, nodes: np.ndarray,
+            children: np.ndarray, path: np.ndarray, rid: int) -> tuple[int, int, int, int]:
+    """``Scheduler.lookup`` of waiting request ``rid``: where its path starts in ``path``, the nodes its cache hit
+    reads, the tokens served from the cache (whole pages, one prompt token left) and the units referencing them
+    takes out of the evictable ones; no hit without prompt identity or with tokens already computed."""
+    at = req_i[rid, _SEG_LO] + rid
+    if not cfg_i[_C_CACHE] or req_i[rid, _COMPUTED]:
+        return at, 0, 0, 0
+    count, matched = match(nodes, children, segments, req_i[rid, _SEG_LO], req_i[rid, _SEG_HI], path, at)
+    seq_len, page = prompt[rid] + req_i[rid, _GENERATED], cfg_i[_C_BLOCK]
+    hit = (matched if matched < seq_len - 1 else seq_len - 1) // page * page
+    if not hit:
+        return at, 0, 0, 0
+    count, pinned = covering(nodes, path, at, count, hit)
+    return at, count, hit, pinned
+
+
+@inner
+def _admit_hit(cfg_i: np.ndarray, req_i: np.ndarray, nodes: np.ndarray, cs: np.ndarray, path: np.ndarray, rid: int,
+               at: int, count: int, hit: int) -> int:
+    """``Scheduler.admit_hit``: ``rid`` reads the ``hit`` tokens of the ``count`` nodes :func:`_lookup` found;
+    returns its computed tokens."""
+    if count:
+        acquire(nodes, cs, path, at, count)
+        req_i[rid, _PATH_LEN] = count
+        req_i[rid, _CACHED_UNITS] = hit // cfg_i[_C_UNIT]
+        req_i[rid, _COMPUTED] = hit
+    req_i[rid, _CACHED_TOKENS] = hit
+    return req_i[rid, _COMPUTED]
+
+
+@inner
 def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: np.ndarray, queues: np.ndarray,
               rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray, st: np.ndarray,
               sf: np.ndarray, segments: np.ndarray, nodes: np.ndarray, children: np.ndarray, lru: np.ndarray,
@@ -497,13 +529,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             if req_s[rid, _REACHED] > sf[_ADMIT_BEFORE]:
                 break
             computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
-            # Scheduler.lookup: the cache hit of a request with nothing computed.
-            at, count, hit, pinned = req_i[rid, _SEG_LO] + rid, 0, 0, 0
-            if cfg_i[_C_CACHE] and not computed:
-                count, matched = match(nodes, children, segments, req_i[rid, _SEG_LO], req_i[rid, _SEG_HI], path, at)
-                seq_len = prompt[rid] + generated
-                hit = (matched if matched < seq_len - 1 else seq_len - 1) // block * block
-                count, pinned = covering(nodes, path, at, count, hit) if hit else (0, 0)
+            at, count, hit, pinned = _lookup(cfg_i, prompt, req_i, segments, nodes, children, path, rid)
             new = prompt[rid] + generated - computed - hit
             if budget <= 0 or (new > budget and not cfg_i[_C_CHUNKED]):
                 break
@@ -512,12 +538,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             need = -(-(computed + hit + new) // block) - req_i[rid, _KV_HELD] - hit // block
             if need + pinned > st[_FREE] + cs[EVICTABLE]:
                 break
-            if count:  # Scheduler.admit_hit
-                acquire(nodes, cs, path, at, count)
-                req_i[rid, _PATH_LEN] = count
-                req_i[rid, _CACHED_UNITS] = hit // block
-                computed = req_i[rid, _COMPUTED] = hit
-            req_i[rid, _CACHED_TOKENS] = hit
+            computed = _admit_hit(cfg_i, req_i, nodes, cs, path, rid, at, count, hit)
             _take(req_i, st, nodes, lru, cs, rid, need)
             st[_W_HEAD] = (st[_W_HEAD] + 1) % n
             st[_W_COUNT] -= 1
@@ -546,7 +567,7 @@ def _sglang_prefill(cfg_i: np.ndarray, prompt: np.ndarray, output: np.ndarray, r
     """``SglangScheduler._prefill_step``: the request part-way through continues, then waiting requests join while
     the chunk budget and the memory left after the running requests' reservation allow."""
     waiting, running = queues[0], queues[1]
-    n, page, unit = cfg_i[_C_N], cfg_i[_C_BLOCK], cfg_i[_C_UNIT]
+    n = cfg_i[_C_N]
     chunked = st[_CHUNKED_RID]
     if chunked < 0 and (not st[_W_COUNT] or st[_R_COUNT] >= cfg_i[_C_MAX_SEQS]):
         return
@@ -575,14 +596,9 @@ def _sglang_prefill(cfg_i: np.ndarray, prompt: np.ndarray, output: np.ndarray, r
         rid = waiting[st[_W_HEAD]]
         if not _admissible(cfg_i, req_i, req_s, sf, rid):
             break
-        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+        generated = req_i[rid, _GENERATED]
         seq_len = prompt[rid] + generated
-        # Scheduler.lookup: the cache hit of a request with nothing computed.
-        at, count, hit, pinned = req_i[rid, _SEG_LO] + rid, 0, 0, 0
-        if cfg_i[_C_CACHE] and not computed:
-            count, matched = match(nodes, children, segments, req_i[rid, _SEG_LO], req_i[rid, _SEG_HI], path, at)
-            hit = (matched if matched < seq_len - 1 else seq_len - 1) // page * page
-            count, pinned = covering(nodes, path, at, count, hit) if hit else (0, 0)
+        at, count, hit, pinned = _lookup(cfg_i, prompt, req_i, segments, nodes, children, path, rid)
         extend = seq_len - hit
         todo = output[rid] - generated
         total = extend + (todo if todo < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
@@ -592,12 +608,7 @@ def _sglang_prefill(cfg_i: np.ndarray, prompt: np.ndarray, output: np.ndarray, r
         st[_W_COUNT] -= 1
         if req_s[rid, _FIRST_SCHEDULED] < 0:
             req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
-        if count:  # Scheduler.admit_hit
-            acquire(nodes, cs, path, at, count)
-            req_i[rid, _PATH_LEN] = count
-            req_i[rid, _CACHED_UNITS] = hit // unit
-            computed = req_i[rid, _COMPUTED] = hit
-        req_i[rid, _CACHED_TOKENS] = hit
+        computed = _admit_hit(cfg_i, req_i, nodes, cs, path, rid, at, count, hit)
         rem_total -= pinned
         new = extend if extend < rem_chunk else rem_chunk
         _take(req_i, st, nodes, lru, cs, rid, new)

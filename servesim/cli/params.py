@@ -236,5 +236,4 @@ def workload_flags(num_requests: int | None = None, qps: float | None = None, co
     """The ``servesim workload`` flags that build the same requests as these options of another command."""
     given = (("-n", num_requests), ("--qps", qps), ("--concurrency", concurrency), ("--arrival", arrival),
              ("--cv", cv if arrival == "gamma" else None), ("--seed", seed or None), ("--columns", columns))
-    return [text for flag, value in given if value is not None for text in (flag, f"{value:g}" if isinstance(
-        value, float) else str(value))]
+    return [text for flag, value in given if value is not None for text in (flag, str(value))]

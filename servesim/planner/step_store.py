@@ -9,7 +9,7 @@ target, so a plan that repeats an earlier one's GPUs and layouts, with the same 
 prices, predicts only the steps the earlier plans never met. Its results are the same as with nothing kept: the
 stored values are the ones the model would compute.
 
-Kept are the step-time model's memos keyed by counts (:data:`MEMOS`) and the compiled vLLM loop's table of
+Kept are the step-time model's memos keyed by counts (:data:`MEMOS`) and the compiled event loop's table of
 step-time parts (``loop_table``: a run that starts from it hands nothing back to Python for the steps it holds),
 one compressed ``.npz`` of plain integer and float arrays per deployment (no pickles); batches and kernels are
 not. The files live in ``$SERVESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/servesim``, else

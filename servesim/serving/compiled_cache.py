@@ -1,4 +1,4 @@
-"""The prefix cache of servesim/serving/prefix_cache.py over arrays, for the compiled vLLM loop
+"""The prefix cache of servesim/serving/prefix_cache.py over arrays, for the compiled event loop
 (servesim/serving/compiled_loop.py): the same radix tree of prompt segments, the same references, the same least
 recently used eviction, operation for operation, so that both loops evict the same nodes at the same moments.
 

@@ -1,22 +1,22 @@
 """The simulator's event loop for one vLLM or SGLang replica, compiled, with the same results.
 
-A capacity search and most ``simulate`` runs serve one replica (with or without pipeline stages). There the
-Python event loop (servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py,
+A capacity search and most ``simulate`` runs serve one replica (with or without pipeline stages). There the Python
+event loop (servesim/serving/simulator.py) and the scheduler (servesim/serving/scheduler_vllm.py,
 scheduler_sglang.py) spend a few attribute reads and writes per running request per step, which a busy engine
-multiplies into most of a run.
-:func:`run` serves such a replica with request state as arrays indexed by request id (struct of arrays: computed,
-generated and held KV blocks, in flight; the send, arrival, first-scheduled, first-token and last-token times),
-the waiting queue a ring of ids, the running queue an array of ids in order, the micro-batches in flight a ring
-of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time, then the order the events were
-made), all in one compiled loop (:func:`_core_loop`) that follows the Python loop, the engine's scheduler
-(:func:`_schedule`, :func:`_schedule_sglang`: its chunked prompt, new-token ratio, retractions and receive
-interval as state beside the queues) and ``finish_step`` operation for operation. A workload with prompt identity looks up and fills the prefix cache as
-the scheduler does, through the same radix tree over arrays (servesim/serving/compiled_cache.py). Step times come
-from one open-addressing table of what they are made of, filled from Python as the loop first meets each entry:
-decode spans by (size, grid context, spread), from which decode steps are timed as ``DecodeSpan.at`` does, and
-the parts of a step with prompt chunks (its graph plan, the times outside attention and of attention at the
-corners it is interpolated between, its host and device costs), from which the loop works
-out ``step_cache.step_time_us`` operation for operation (:func:`_mixed_step_time`). It hands back to Python only
+multiplies into most of a run. :func:`run` serves such a replica with request state as arrays indexed by request id
+(struct of arrays: computed, generated and held KV blocks, in flight; the send, arrival, first-scheduled,
+first-token and last-token times), the waiting queue a ring of ids, the running queue an array of ids in order, the
+micro-batches in flight a ring of ``pp`` slots and the arrivals a binary heap ordered as the Python loop's (time,
+then the order the events were made), all in one compiled loop (:func:`_core_loop`) that follows the Python loop,
+the engine's scheduler (:func:`_schedule`, :func:`_schedule_sglang`: its chunked prompt, new-token ratio,
+retractions and receive interval as state beside the queues) and ``finish_step`` operation for operation. A workload
+with prompt identity looks up and fills the prefix cache as the scheduler does, through the same radix tree over
+arrays (servesim/serving/compiled_cache.py). Step times come from one open-addressing table of what they are made
+of, filled from Python as the loop first meets each entry: decode spans by (size, grid context, spread), from which
+decode steps are timed as ``DecodeSpan.at`` does, and the parts of a step with prompt chunks (its graph plan, the
+times outside attention and of attention at the corners it is interpolated between, its host and device costs), from
+which the loop works out ``step_cache.step_time_us`` operation for operation (:func:`_mixed_step_time`). It hands
+back to Python only
 
 - for the table entries it lacks, in the order the Python functions would first ask the step model for them (so
   the kernel estimator sees the same calls),
@@ -422,15 +422,42 @@ def _drop_running(running: np.ndarray, st: np.ndarray, at: int) -> None:
 
 
 @inner
-def _add_to_step(req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray, chunks: np.ndarray,
-                 rid: int, new: int, computed: int, decode: bool) -> None:
-    """Request ``rid`` joins the forming step with ``new`` tokens after its ``computed`` ones: a decode, or a
-    prompt chunk (``schedule_requests``)."""
+def _remove_running(running: np.ndarray, st: np.ndarray, rid: int) -> None:
+    """``running.remove(rid)``: :func:`_drop_running` at its position."""
+    at = 0
+    while running[at] != rid:
+        at += 1
+    _drop_running(running, st, at)
+
+
+@inner
+def _append_waiting(waiting: np.ndarray, st: np.ndarray, n: int, rid: int) -> None:
+    """``waiting.append(rid)``: at the back of the ring of ``n`` slots."""
+    waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = rid
+    st[_W_COUNT] += 1
+
+
+@inner
+def _preempt(req_i: np.ndarray, st: np.ndarray, nodes: np.ndarray, lru: np.ndarray, cs: np.ndarray,
+             path: np.ndarray, rid: int) -> None:
+    """``Scheduler._preempted``: ``rid`` loses its KV and its progress (vLLM's preemption, SGLang's retraction)."""
+    _drop(req_i, st, nodes, lru, cs, path, rid)
+    req_i[rid, _COMPUTED] = 0
+    req_i[rid, _PREEMPTIONS] += 1
+
+
+@inner
+def _add_to_step(prompt: np.ndarray, req_i: np.ndarray, rids: np.ndarray, news: np.ndarray, summary: np.ndarray,
+                 chunks: np.ndarray, rid: int, new: int) -> None:
+    """Request ``rid`` joins the forming step with ``new`` tokens after its computed ones (``schedule_requests``): a
+    decode when its one new token is the last of its sequence and it has sampled one before, else a prompt
+    chunk."""
     req_i[rid, _IN_FLIGHT] = 1
     length = summary[_M_LEN]
     rids[length], news[length] = rid, new
     summary[_M_LEN] = length + 1
-    if decode:
+    computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
+    if new == 1 and generated > 0 and computed == prompt[rid] + generated - 1:
         summary[_M_DECODES] += 1
         summary[_M_CONTEXTS] += computed
         if computed > summary[_M_LONGEST]:
@@ -460,16 +487,14 @@ def _lookup(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, segments: 
 
 @inner
 def _admit_hit(cfg_i: np.ndarray, req_i: np.ndarray, nodes: np.ndarray, cs: np.ndarray, path: np.ndarray, rid: int,
-               at: int, count: int, hit: int) -> int:
-    """``Scheduler.admit_hit``: ``rid`` reads the ``hit`` tokens of the ``count`` nodes :func:`_lookup` found;
-    returns its computed tokens."""
+               at: int, count: int, hit: int) -> None:
+    """``Scheduler.admit_hit``: ``rid`` reads the ``hit`` tokens of the ``count`` nodes :func:`_lookup` found."""
     if count:
         acquire(nodes, cs, path, at, count)
         req_i[rid, _PATH_LEN] = count
         req_i[rid, _CACHED_UNITS] = hit // cfg_i[_C_UNIT]
         req_i[rid, _COMPUTED] = hit
     req_i[rid, _CACHED_TOKENS] = hit
-    return req_i[rid, _COMPUTED]
 
 
 @inner
@@ -509,9 +534,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
                     break
                 victim = running[at]
                 _drop_running(running, st, at)
-                _drop(req_i, st, nodes, lru, cs, path, victim)
-                req_i[victim, _COMPUTED] = 0
-                req_i[victim, _PREEMPTIONS] += 1
+                _preempt(req_i, st, nodes, lru, cs, path, victim)
                 st[_W_HEAD] = (st[_W_HEAD] - 1) % n
                 waiting[st[_W_HEAD]] = victim
                 st[_W_COUNT] += 1
@@ -521,7 +544,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             if not got:
                 break
             _take(req_i, st, nodes, lru, cs, rid, need)
-        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed, left == 1 and generated > 0)
+        _add_to_step(prompt, req_i, rids, news, summary, chunks, rid, new)
         budget -= new
     if not preempted:
         while st[_W_COUNT] and st[_R_COUNT] < cfg_i[_C_MAX_SEQS]:
@@ -538,7 +561,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             need = -(-(computed + hit + new) // block) - req_i[rid, _KV_HELD] - hit // block
             if need + pinned > st[_FREE] + cs[EVICTABLE]:
                 break
-            computed = _admit_hit(cfg_i, req_i, nodes, cs, path, rid, at, count, hit)
+            _admit_hit(cfg_i, req_i, nodes, cs, path, rid, at, count, hit)
             _take(req_i, st, nodes, lru, cs, rid, need)
             st[_W_HEAD] = (st[_W_HEAD] + 1) % n
             st[_W_COUNT] -= 1
@@ -547,8 +570,7 @@ def _schedule(cfg_i: np.ndarray, prompt: np.ndarray, req_i: np.ndarray, req_s: n
             budget -= new
             if req_s[rid, _FIRST_SCHEDULED] < 0:
                 req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
-            _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
-                         new == 1 and generated > 0 and computed == prompt[rid] + generated - 1)
+            _add_to_step(prompt, req_i, rids, news, summary, chunks, rid, new)
     return summary[_M_LEN] > 0
 
 
@@ -587,9 +609,7 @@ def _sglang_prefill(cfg_i: np.ndarray, prompt: np.ndarray, output: np.ndarray, r
             running[st[_R_COUNT]] = rid
             st[_R_COUNT] += 1
         _take(req_i, st, nodes, lru, cs, rid, new)
-        computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
-        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
-                     new == 1 and generated > 0 and computed == prompt[rid] + generated - 1)
+        _add_to_step(prompt, req_i, rids, news, summary, chunks, rid, new)
         rem_chunk -= new
         rem_total -= new
     while st[_W_COUNT] and rem_chunk > 0 and st[_R_COUNT] + (chunked >= 0) < cfg_i[_C_MAX_SEQS]:
@@ -608,12 +628,11 @@ def _sglang_prefill(cfg_i: np.ndarray, prompt: np.ndarray, output: np.ndarray, r
         st[_W_COUNT] -= 1
         if req_s[rid, _FIRST_SCHEDULED] < 0:
             req_s[rid, _FIRST_SCHEDULED] = sf[_NOW]
-        computed = _admit_hit(cfg_i, req_i, nodes, cs, path, rid, at, count, hit)
+        _admit_hit(cfg_i, req_i, nodes, cs, path, rid, at, count, hit)
         rem_total -= pinned
         new = extend if extend < rem_chunk else rem_chunk
         _take(req_i, st, nodes, lru, cs, rid, new)
-        _add_to_step(req_i, rids, news, summary, chunks, rid, new, computed,
-                     new == 1 and generated > 0 and computed == seq_len - 1)
+        _add_to_step(prompt, req_i, rids, news, summary, chunks, rid, new)
         rem_chunk -= new
         rem_total -= total
         if new < extend:
@@ -643,15 +662,9 @@ def _sglang_retract(prompt: np.ndarray, output: np.ndarray, req_i: np.ndarray, q
     while count > 1:
         count -= 1
         victim = order[count]
-        at = 0
-        while running[at] != victim:
-            at += 1
-        _drop_running(running, st, at)
-        _drop(req_i, st, nodes, lru, cs, path, victim)  # Scheduler._preempted
-        req_i[victim, _COMPUTED] = 0
-        req_i[victim, _PREEMPTIONS] += 1
-        waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = victim
-        st[_W_COUNT] += 1
+        _remove_running(running, st, victim)
+        _preempt(req_i, st, nodes, lru, cs, path, victim)
+        _append_waiting(waiting, st, n, victim)
         if st[_FREE] + cs[EVICTABLE] >= count:
             break
     decoded = budget = 0
@@ -707,9 +720,7 @@ def _schedule_sglang(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, o
             for j in range(count):  # _take_one_each
                 rid = order[j]
                 _take(req_i, st, nodes, lru, cs, rid, 1)
-                computed, generated = req_i[rid, _COMPUTED], req_i[rid, _GENERATED]
-                _add_to_step(req_i, rids, news, summary, chunks, rid, 1, computed,
-                             generated > 0 and computed == prompt[rid] + generated - 1)
+                _add_to_step(prompt, req_i, rids, news, summary, chunks, rid, 1)
     if not summary[_M_LEN] and not st[_R_COUNT] and st[_CHUNKED_RID] < 0:
         sf[_RATIO] = cfg_f[_F_INIT_RATIO]  # an idle server starts estimating afresh
     return summary[_M_LEN] > 0
@@ -984,8 +995,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
             else:
                 req_s[rid, _REACHED] = now_s
             if reaches:
-                waiting[(st[_W_HEAD] + st[_W_COUNT]) % n] = rid
-                st[_W_COUNT] += 1
+                _append_waiting(waiting, st, n, rid)
                 st[_READY] = 1
         else:  # the first micro-batch in flight completes: finish_step
             slot = st[_F_HEAD]
@@ -1052,10 +1062,7 @@ def _core_loop(cfg_i: np.ndarray, cfg_f: np.ndarray, prompt: np.ndarray, output:
                         return _STOPPED
             for k in range(finished):  # scheduler.release, in step order
                 rid = finished_rids[k]
-                at = 0
-                while running[at] != rid:
-                    at += 1
-                _drop_running(running, st, at)
+                _remove_running(running, st, rid)
                 lo, hi = req_i[rid, _SEG_LO], req_i[rid, _SEG_HI]
                 if cfg_i[_C_CACHE] and req_i[rid, _OUTPUT_ID] >= 0 and req_i[rid, _PATH_LEN] == hi - lo:
                     # its answer joins the cache, a segment of one row after its prompt's

@@ -141,8 +141,7 @@ def _check_fits(scheduler: Scheduler, workload: Workload) -> None:
             f"tokens{' a rank' if scheduler.request_capacity_tokens < scheduler.kv_capacity_tokens else ''}; "
             f"longest request {int(total.max()):,}); cap lengths in the workload (servesim workload SOURCE "
             f"--max-prompt-tokens N --max-output-tokens N --out FILE, adding --qps R or --concurrency C for a generated "
-            f"workload), raise the memory fraction or use more GPUs per "
-            f"replica (--tp/--pp)"
+            f"workload), raise the memory fraction or use more GPUs per replica (--tp/--pp)"
         )
 
 
